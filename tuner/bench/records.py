@@ -1,0 +1,61 @@
+"""What one request did, as seen by whoever measured it.
+
+The HTTP client (`tuner.bench.client`) and the in-process simulator (`tuner.sim`) both produce
+`RequestRecord`s, so one metrics function (`tuner.bench.metrics`) turns either into the same
+per-cell figures.  Times are seconds on one clock per cell: the client's `time.perf_counter()`
+for real servers, the simulator's clock when the server reports simulated time.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class Cell:
+    """One point of the workload matrix.
+
+    Closed loop (`request_rate is None`): `concurrency` requests are kept in flight.
+    Open loop: requests arrive as a Poisson process of `request_rate` per second, at most
+    `concurrency` in flight.  The cell ends after `num_prompts` requests or `duration_s`.
+    """
+
+    concurrency: int
+    input_len: int
+    output_len: int
+    num_prompts: int | None = None
+    duration_s: float | None = None
+    request_rate: float | None = None
+
+    @property
+    def key(self) -> str:
+        return f"c{self.concurrency}_i{self.input_len}_o{self.output_len}"
+
+
+@dataclass
+class RequestRecord:
+    """Per-request timings and counts; `error` is None for a request that completed."""
+
+    send_time: float
+    token_times: list[float] = field(default_factory=list)
+    prompt_tokens: int | None = None
+    completion_tokens: int | None = None
+    error: str | None = None
+    error_class: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None and bool(self.token_times)
+
+    @property
+    def ttft(self) -> float | None:
+        return self.token_times[0] - self.send_time if self.token_times else None
+
+    @property
+    def latency(self) -> float | None:
+        return self.token_times[-1] - self.send_time if self.token_times else None
+
+    @property
+    def output_tokens(self) -> int:
+        """Tokens generated: the server's own count when it sent one, else the chunks seen."""
+        return self.completion_tokens if self.completion_tokens is not None else len(self.token_times)
