@@ -1,0 +1,121 @@
+"""`tuner tune`: run (or resume) a study, then write best.env and report.html.
+
+`--trials N` is the number of finished trials the study should hold, not a number to add: the
+same command run again after a crash or Ctrl-C continues where the study stopped.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from pathlib import Path
+
+import optuna
+from tqdm import tqdm
+
+from tuner.errors import UsageError
+from tuner.objectives import DEFAULT_OBJECTIVES, check_metric, parse_objectives
+from tuner.paths import shipped
+from tuner.space import load_space
+from tuner.study import SAMPLERS, TrialObjective, create_or_load, make_sampler, open_storage, storage_url
+from tuner.trial import TrialContext
+from tuner.workload import load_workload
+
+DEFAULT_TIME_SCALE = 25.0
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("tune", help="run or resume a tuning study",
+                       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", required=True, help="model dir with config.json (weights not needed with --simulate)")
+    p.add_argument("--space", default="search_spaces/infinilm.yaml", help="search-space YAML (default: %(default)s)")
+    p.add_argument("--workload", default="studies/quick.yaml", help="workload YAML (default: %(default)s)")
+    p.add_argument("--simulate", metavar="GPU", help="run the built-in simulated server with this GPU profile, e.g. rtx4090")
+    p.add_argument("--time-scale", type=float, default=DEFAULT_TIME_SCALE,
+                   help="simulated seconds per wall second with --simulate (default: %(default)s)")
+    p.add_argument("--trials", type=int, default=20, help="finished trials the study should hold (default: %(default)s)")
+    p.add_argument("--study", help="study name (default: <space>-<model>-<gpu>)")
+    p.add_argument("--studies-dir", default="studies", help="where study folders live (default: %(default)s)")
+    p.add_argument("--storage", help="Optuna storage URL (default: sqlite:///<studies-dir>/<study>/study.db)")
+    p.add_argument("--sampler", default="auto", choices=SAMPLERS, help="(default: %(default)s)")
+    p.add_argument("--seed", type=int, default=0, help="sampler seed (default: %(default)s)")
+    p.add_argument("--objective", action="append", metavar="'max|min METRIC'",
+                   help="repeatable; default: the workload's, else " + "; ".join(DEFAULT_OBJECTIVES))
+    p.add_argument("--stall-timeout", type=float, default=60.0,
+                   help="seconds without any token that count as a hang (default: %(default)s)")
+    p.add_argument("--no-export", action="store_true", help="skip writing best.env and report.html")
+
+
+def _check_model(path: str) -> None:
+    if not Path(path).is_dir():
+        raise UsageError(f"model dir not found: {path}")
+    if not (Path(path) / "config.json").is_file():
+        raise UsageError(f"model dir has no config.json: {path}")
+
+
+def _default_study_name(space: str, model: str, simulate: str | None) -> str:
+    return f"{space}-{Path(model).name}-{simulate + '-sim' if simulate else 'gpu'}"
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.trials < 1:
+        raise UsageError("--trials must be at least 1")
+    if args.time_scale <= 0:
+        raise UsageError("--time-scale must be positive")
+    _check_model(args.model)
+    space = load_space(shipped(args.space))
+    workload = load_workload(shipped(args.workload))
+    objectives = parse_objectives(args.objective or workload.objectives or list(DEFAULT_OBJECTIVES))
+    for metric in (workload.slo or {}):
+        check_metric(metric, f"{args.workload}: slo")
+    name = args.study or _default_study_name(space.name, args.model, args.simulate)
+    studies_dir = Path(args.studies_dir)
+    url = storage_url(studies_dir, name, args.storage)
+    if url.startswith("sqlite:///"):
+        Path(url[len("sqlite:///"):]).parent.mkdir(parents=True, exist_ok=True)
+    ctx = TrialContext(space=space, workload=workload, model_dir=args.model,
+                       simulate=args.simulate, time_scale=args.time_scale,
+                       stall_timeout_s=args.stall_timeout)
+    gpu_desc = f"{args.simulate} (simulated)" if args.simulate else os.environ.get("TUNER_GPU", "unknown GPU")
+    storage = open_storage(url)
+    sampler = make_sampler(args.sampler, args.seed, args.trials)
+    study = create_or_load(name, storage, ctx, objectives, sampler, gpu_desc)
+    trials_dir = studies_dir / name / "trials"
+    done = _finished(study)
+    todo = max(0, args.trials - done)
+    print(f"study {name}: {done} finished trials, running {todo} more ({url})")
+    objective = TrialObjective(ctx=ctx, objectives=objectives, trials_dir=trials_dir)
+    bar = tqdm(total=args.trials, initial=done, unit="trial", dynamic_ncols=True)
+
+    def on_trial(study: optuna.Study, trial: optuna.trial.FrozenTrial) -> None:
+        bar.update(1)
+        bar.set_postfix_str(_progress_text(study, trial, objectives[0].metric))
+
+    try:
+        while _finished(study) < args.trials:
+            study.optimize(objective, n_trials=args.trials - _finished(study), callbacks=[on_trial],
+                           catch=())
+    finally:
+        bar.close()
+    _summary(study, objectives)
+    return 0
+
+
+def _finished(study: optuna.Study) -> int:
+    return len(study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,)))
+
+
+def _progress_text(study: optuna.Study, trial: optuna.trial.FrozenTrial, metric: str) -> str:
+    best = [t.user_attrs.get("metrics", {}).get(metric) for t in study.get_trials(deepcopy=False)
+            if t.user_attrs.get("outcome") == "ok"]
+    best = [b for b in best if b is not None]
+    last = trial.user_attrs.get("outcome", trial.state.name.lower())
+    return f"last={last} best {metric}={max(best):.1f}" if best else f"last={last}"
+
+
+def _summary(study: optuna.Study, objectives: list) -> None:
+    trials = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
+    counts: dict[str, int] = {}
+    for t in trials:
+        counts[t.user_attrs.get("outcome", "?")] = counts.get(t.user_attrs.get("outcome", "?"), 0) + 1
+    print("outcomes: " + ", ".join(f"{k}={v}" for k, v in sorted(counts.items())))

@@ -1,0 +1,74 @@
+"""Objectives and SLO constraints: which aggregate metrics a study optimises, in which direction.
+
+A failed server must still teach the sampler something, so an infeasible trial is told to
+Optuna as COMPLETE with a positive constraint and the worst values we can honestly give: zero
+throughput, and a latency ceiling no acceptable config reaches.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from tuner.errors import UsageError
+
+DEFAULT_OBJECTIVES = ("max output_throughput", "min p99_ttft_ms", "min p99_tpot_ms")
+WORST_LATENCY_MS = 600_000.0  # ten minutes: longer than any request we would accept
+
+_METRIC_PREFIXES = ("mean_", "median_", "std_", "p50_", "p90_", "p99_")
+_LATENCIES = ("ttft", "tpot", "itl", "e2el")
+_THROUGHPUTS = ("output_throughput", "total_token_throughput", "request_throughput",
+                "request_goodput")
+
+
+def known_metrics() -> list[str]:
+    lat = [f"{p}{m}_ms" for m in _LATENCIES for p in _METRIC_PREFIXES]
+    return [*_THROUGHPUTS, *lat]
+
+
+def check_metric(name: str, where: str) -> str:
+    if name not in known_metrics():
+        raise UsageError(f"{where}: unknown metric '{name}' (known: output_throughput, "
+                         "total_token_throughput, request_throughput, {mean,median,p50,p90,p99}_"
+                         "{ttft,tpot,itl,e2el}_ms)")
+    return name
+
+
+@dataclass(frozen=True)
+class Objective:
+    direction: str  # "maximize" | "minimize"
+    metric: str
+
+    @property
+    def label(self) -> str:
+        return f"{'max' if self.direction == 'maximize' else 'min'} {self.metric}"
+
+    def worst(self) -> float:
+        return 0.0 if self.direction == "maximize" else WORST_LATENCY_MS
+
+    def value(self, metrics: dict[str, float]) -> float:
+        return float(metrics.get(self.metric, self.worst()))
+
+
+def parse_objectives(specs: list[str] | tuple[str, ...], where: str = "objectives") -> list[Objective]:
+    """Parse entries like 'max output_throughput' or 'min p99_ttft_ms'."""
+    out = []
+    for spec in specs:
+        parts = str(spec).split()
+        if len(parts) != 2 or parts[0] not in ("max", "min"):
+            raise UsageError(f"{where}: unknown objective '{spec}' (write 'max METRIC' or 'min METRIC')")
+        out.append(Objective("maximize" if parts[0] == "max" else "minimize",
+                             check_metric(parts[1], where)))
+    if not out:
+        raise UsageError(f"{where}: at least one objective is needed")
+    if len({o.metric for o in out}) != len(out):
+        raise UsageError(f"{where}: an objective is listed twice")
+    return out
+
+
+def slo_violations(metrics: dict[str, float], slo: dict[str, float]) -> dict[str, float]:
+    """Relative violation per SLO metric: (value - limit) / limit, > 0 when missed."""
+    out = {}
+    for metric, limit in slo.items():
+        value = metrics.get(metric)
+        out[metric] = 1.0 if value is None else (value - limit) / max(abs(limit), 1e-9)
+    return out

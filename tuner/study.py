@@ -1,0 +1,147 @@
+"""The Optuna study: storage, sampler, and the objective that runs one trial per config.
+
+Failures are data.  A config that OOMs or hangs becomes a COMPLETE trial with constraint
+`feasible` > 0 (Optuna 5 `trial.set_constraint`), so TPE and GP samplers learn where the
+server dies.  FAIL is kept for the tuner's own faults, which teach the sampler nothing.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import optuna
+
+from tuner import __version__
+from tuner.errors import UsageError
+from tuner.objectives import Objective, slo_violations
+from tuner.trial import TrialContext, TrialResult, run_trial
+
+SAMPLERS = ("auto", "gp", "tpe", "nsga2", "random")
+
+
+def make_sampler(name: str, seed: int | None, n_trials: int) -> optuna.samplers.BaseSampler:
+    """`auto`: GPSampler (sample-efficient, constraint-aware) for small budgets, TPE beyond."""
+    if name == "auto":
+        name = "gp" if n_trials <= 100 else "tpe"
+    if name == "gp":
+        return optuna.samplers.GPSampler(seed=seed, n_startup_trials=min(8, max(2, n_trials // 3)))
+    if name == "tpe":
+        return optuna.samplers.TPESampler(seed=seed, multivariate=True,
+                                          n_startup_trials=min(10, max(2, n_trials // 3)))
+    if name == "nsga2":
+        return optuna.samplers.NSGAIISampler(seed=seed)
+    if name == "random":
+        return optuna.samplers.RandomSampler(seed=seed)
+    raise UsageError(f"unknown sampler '{name}' (choose from {', '.join(SAMPLERS)})")
+
+
+def storage_url(studies_dir: Path, name: str, storage: str | None) -> str:
+    if storage:
+        return storage
+    return f"sqlite:///{(studies_dir / name / 'study.db').as_posix()}"
+
+
+def open_storage(url: str) -> optuna.storages.BaseStorage:
+    """An RDB storage with a heartbeat, so trials of a killed worker can be found and retried."""
+    try:
+        return optuna.storages.RDBStorage(
+            url, heartbeat_interval=10, grace_period=30,
+            failed_trial_callback=optuna.storages.RetryFailedTrialCallback(max_retry=3))
+    except Exception as exc:  # sqlalchemy raises many types for a bad or unreachable URL
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise UsageError(f"cannot open storage {url}: {first}") from None
+
+
+def create_or_load(name: str, storage: optuna.storages.BaseStorage, ctx: TrialContext,
+                   objectives: list[Objective], sampler: optuna.samplers.BaseSampler,
+                   gpu_desc: str) -> optuna.Study:
+    """Create the study, or load it after checking it was made with the same space and goals."""
+    directions = [o.direction for o in objectives]
+    study = optuna.create_study(study_name=name, storage=storage, sampler=sampler,
+                                directions=directions, load_if_exists=True)
+    attrs = study.user_attrs
+    fp = ctx.space.fingerprint()
+    if attrs.get("space_fingerprint") not in (None, fp):
+        raise UsageError(f"study '{name}' exists with a different search space "
+                         f"({attrs.get('space_file')}); use another --study name")
+    if attrs.get("objectives") not in (None, [o.label for o in objectives]):
+        raise UsageError(f"study '{name}' exists with objectives {attrs.get('objectives')}; "
+                         "use the same objectives or another --study name")
+    if "space_fingerprint" not in attrs:
+        space = ctx.space
+        meta: dict[str, Any] = {
+            "space": space.name, "space_file": str(space.path), "space_fingerprint": fp,
+            "workload": ctx.workload.name, "model": ctx.model_dir, "gpu": gpu_desc,
+            "simulated": ctx.simulate is not None, "objectives": [o.label for o in objectives],
+            "slo": dict(ctx.workload.slo or {}), "tuner_version": __version__,
+            "flag_params": {p.name: p.flag for p in space.parameters if p.flag},
+            "env_params": {p.name: p.env for p in space.parameters if p.env},
+            "launch_command": list(space.server.command),
+        }
+        for key, value in meta.items():
+            study.set_user_attr(key, value)
+    return study
+
+
+def config_key(params: dict[str, Any]) -> str:
+    return hashlib.sha256(repr(sorted(params.items())).encode()).hexdigest()[:16]
+
+
+def suggest(trial: optuna.Trial, ctx: TrialContext) -> dict[str, Any]:
+    """Ask the sampler for one value per knob, through Optuna's public suggest API."""
+    params: dict[str, Any] = {}
+    for p in ctx.space.parameters:
+        dist = p.distribution()
+        if isinstance(dist, optuna.distributions.IntDistribution):
+            params[p.name] = trial.suggest_int(p.name, dist.low, dist.high, step=dist.step, log=dist.log)
+        elif isinstance(dist, optuna.distributions.FloatDistribution):
+            params[p.name] = trial.suggest_float(p.name, dist.low, dist.high, step=dist.step, log=dist.log)
+        else:
+            params[p.name] = trial.suggest_categorical(p.name, dist.choices)
+    return params
+
+
+@dataclass
+class TrialObjective:
+    """Callable handed to `study.optimize`: one trial = one server run."""
+
+    ctx: TrialContext
+    objectives: list[Objective]
+    trials_dir: Path
+
+    def __call__(self, trial: optuna.Trial) -> tuple[float, ...]:
+        params = suggest(trial, self.ctx)
+        trial_dir = self.trials_dir / str(trial.number)
+        trial.set_user_attr("config_key", config_key(params))
+        trial.set_user_attr("trial_dir", str(trial_dir))
+        result = run_trial(self.ctx, params, trial_dir)
+        return record(trial, result, self.objectives, self.ctx.workload.slo or {})
+
+
+def record(trial: optuna.Trial, result: TrialResult, objectives: list[Objective],
+           slo: dict[str, float]) -> tuple[float, ...]:
+    """Store what the trial saw and return the values Optuna gets."""
+    outcome = result.outcome
+    feasible = outcome.feasible
+    trial.set_constraint("feasible", 0.0 if feasible else 1.0)
+    violations = slo_violations(result.metrics, slo) if feasible else {m: 1.0 for m in slo}
+    for metric, v in violations.items():
+        trial.set_constraint(f"slo:{metric}", float(v))
+    kind = outcome.kind
+    if feasible and any(v > 0 for v in violations.values()):
+        kind = "slo"
+    trial.set_user_attr("outcome", kind)
+    trial.set_user_attr("reason", outcome.reason)
+    trial.set_user_attr("metrics", result.metrics)
+    trial.set_user_attr("cells", result.cells)
+    trial.set_user_attr("argv", result.argv)
+    trial.set_user_attr("env", result.env)
+    trial.set_user_attr("wall_s", round(result.wall_s, 3))
+    for key, value in result.extra.items():
+        trial.set_user_attr(key, value)
+    if not feasible:
+        return tuple(o.worst() for o in objectives)
+    return tuple(o.value(result.metrics) for o in objectives)
