@@ -46,7 +46,7 @@ def port_is_free(port: int, host: str = "127.0.0.1") -> bool:
     return True
 
 
-def _die_with_parent() -> None:
+def die_with_parent() -> None:
     """Runs in the child before exec: SIGKILL it when the tuner process goes away."""
     try:
         libc = ctypes.CDLL("libc.so.6", use_errno=True)
@@ -84,7 +84,7 @@ class ServerProcess:
             self.proc = subprocess.Popen(
                 self.argv, stdout=self._log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                 env={**os.environ, **self.env}, cwd=self.cwd, start_new_session=True,
-                preexec_fn=_die_with_parent)
+                preexec_fn=die_with_parent)
         except FileNotFoundError:
             self._log.close()
             raise UsageError(f"server command not found: {self.argv[0]}") from None
@@ -147,13 +147,24 @@ class ServerProcess:
 
 
 def _group_alive(pgid: int) -> bool:
+    """True while a non-zombie process of the group exists (zombies hold no GPU or port)."""
     try:
         os.killpg(pgid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:
         return True
-    return True
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[2]) == pgid and fields[0] != "Z":
+            return True
+    return False
 
 
 def stop_group(pgid: int, grace_s: float = 3.0, child: subprocess.Popen[bytes] | None = None) -> bool:

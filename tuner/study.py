@@ -13,10 +13,12 @@ from pathlib import Path
 from typing import Any
 
 import optuna
+from optuna.trial import TrialState
 
 from tuner import __version__
 from tuner.errors import UsageError
 from tuner.objectives import Objective, slo_violations
+from tuner.recovery import WORKER_ATTR, worker_id
 from tuner.trial import TrialContext, TrialResult, run_trial
 
 SAMPLERS = ("auto", "gp", "tpe", "nsga2", "random")
@@ -104,21 +106,60 @@ def suggest(trial: optuna.Trial, ctx: TrialContext) -> dict[str, Any]:
     return params
 
 
+def counted(study: optuna.Study) -> list[optuna.trial.FrozenTrial]:
+    """Trials that count towards the budget: finished, or being run by some worker."""
+    return study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.RUNNING))
+
+
 @dataclass
 class TrialObjective:
-    """Callable handed to `study.optimize`: one trial = one server run."""
+    """Callable handed to `study.optimize`: one trial = one server run.
+
+    Several workers may share the study, so the budget is checked against the trials numbered
+    before this one (numbers are handed out atomically by the storage), and a config that
+    already completed is not run again: its result is copied.
+    """
 
     ctx: TrialContext
     objectives: list[Objective]
     trials_dir: Path
+    max_trials: int | None = None
 
     def __call__(self, trial: optuna.Trial) -> tuple[float, ...]:
+        study = trial.study
+        if self.max_trials is not None:
+            ahead = [t for t in counted(study) if t.number < trial.number]
+            if len(ahead) >= self.max_trials:
+                raise optuna.TrialPruned("the study's trial budget was reached by other workers")
+        trial.set_user_attr(WORKER_ATTR, worker_id())
         params = suggest(trial, self.ctx)
+        key = config_key(params)
+        trial.set_user_attr("config_key", key)
+        done = _completed_with_key(study, key)
+        if done is not None:
+            return _copy_result(trial, done)
         trial_dir = self.trials_dir / str(trial.number)
-        trial.set_user_attr("config_key", config_key(params))
         trial.set_user_attr("trial_dir", str(trial_dir))
         result = run_trial(self.ctx, params, trial_dir)
         return record(trial, result, self.objectives, self.ctx.workload.slo or {})
+
+
+def _completed_with_key(study: optuna.Study, key: str) -> optuna.trial.FrozenTrial | None:
+    for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
+        if t.user_attrs.get("config_key") == key and "cached_from" not in t.user_attrs:
+            return t
+    return None
+
+
+def _copy_result(trial: optuna.Trial, done: optuna.trial.FrozenTrial) -> tuple[float, ...]:
+    """Tell the sampler the known result of a config it proposed again, without a server run."""
+    for name, value in done.constraints.items():
+        trial.set_constraint(name, value)
+    for key, value in done.user_attrs.items():
+        if key not in (WORKER_ATTR, "config_key", "trial_dir", "wall_s"):
+            trial.set_user_attr(key, value)
+    trial.set_user_attr("cached_from", done.number)
+    return tuple(done.values)
 
 
 def record(trial: optuna.Trial, result: TrialResult, objectives: list[Objective],

@@ -15,6 +15,7 @@ from typing import Any
 
 from tuner.bench.records import Cell
 from tuner.bench.runner import CellResult, run_cells
+from tuner.gpu import wait_until_free
 from tuner.launch import ServerProcess, free_port
 from tuner.outcome import Evidence, Outcome, classify
 from tuner.space import SearchSpace
@@ -35,6 +36,9 @@ class TrialContext:
     stall_timeout_s: float = 60.0        # no token on any stream for this long = hang (server time)
     startup_timeout_s: float | None = None
     model_name: str | None = None
+    gpu_index: int | None = None         # NVML index of the real GPU to check between trials
+    gpu_baseline_bytes: int = 0          # its memory use when idle
+    gpu_wait_s: float = 300.0
 
 
 @dataclass
@@ -99,6 +103,8 @@ def run_trial(ctx: TrialContext, params: dict[str, Any], trial_dir: Path,
     results: list[CellResult] = []
     healthy = False
     health_failed = False
+    if ctx.gpu_index is not None:
+        wait_until_free(ctx.gpu_index, ctx.gpu_baseline_bytes, ctx.gpu_wait_s)
     with server:
         startup = ctx.startup_timeout_s or ctx.space.server.startup_timeout_s
         healthy = server.wait_healthy(startup / scale if ctx.simulate else startup)
@@ -123,6 +129,8 @@ def run_trial(ctx: TrialContext, params: dict[str, Any], trial_dir: Path,
             state = server.health()
             health_failed = state.alive and state.status != 200
         exit_code = server.exit_code
+    if ctx.gpu_index is not None:
+        wait_until_free(ctx.gpu_index, ctx.gpu_baseline_bytes, ctx.gpu_wait_s)
     evidence = Evidence(log_text=server.log_text(), became_healthy=healthy, exit_code=exit_code,
                         health_failed=health_failed,
                         cell_errors=tuple(r.error_class for r in results if r.error_class))

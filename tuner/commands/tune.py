@@ -7,18 +7,23 @@ same command run again after a crash or Ctrl-C continues where the study stopped
 from __future__ import annotations
 
 import argparse
-import os
+import sys
 from pathlib import Path
 
 import optuna
+from optuna.trial import TrialState
 from tqdm import tqdm
 
 from tuner.errors import UsageError
+from tuner.gpu import read_gpu
 from tuner.objectives import DEFAULT_OBJECTIVES, check_metric, parse_objectives
 from tuner.paths import shipped
 from tuner.space import load_space
-from tuner.study import SAMPLERS, TrialObjective, create_or_load, make_sampler, open_storage, storage_url
+from tuner.recovery import recover
+from tuner.study import (SAMPLERS, TrialObjective, counted, create_or_load, make_sampler,
+                         open_storage, storage_url)
 from tuner.trial import TrialContext
+from tuner.workers import parse_gpus, run_workers
 from tuner.workload import load_workload
 
 DEFAULT_TIME_SCALE = 25.0
@@ -44,6 +49,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--stall-timeout", type=float, default=60.0,
                    help="seconds without any token that count as a hang (default: %(default)s)")
     p.add_argument("--no-export", action="store_true", help="skip writing best.env and report.html")
+    p.add_argument("--gpus", help="comma-separated GPU indices: one worker per GPU on this host, sharing the study")
+    p.add_argument("--gpu-index", type=int, help=argparse.SUPPRESS)  # set by --gpus for each worker
+    p.add_argument("--gpu-wait", type=float, default=300.0,
+                   help="seconds to wait for the GPU to be free before a trial (default: %(default)s)")
 
 
 def _check_model(path: str) -> None:
@@ -73,32 +82,62 @@ def run(args: argparse.Namespace) -> int:
     url = storage_url(studies_dir, name, args.storage)
     if url.startswith("sqlite:///"):
         Path(url[len("sqlite:///"):]).parent.mkdir(parents=True, exist_ok=True)
+    gpu_index = args.gpu_index if args.gpu_index is not None else (None if args.simulate else 0)
+    gpu_state = read_gpu(gpu_index) if gpu_index is not None else None
     ctx = TrialContext(space=space, workload=workload, model_dir=args.model,
                        simulate=args.simulate, time_scale=args.time_scale,
-                       stall_timeout_s=args.stall_timeout)
-    gpu_desc = f"{args.simulate} (simulated)" if args.simulate else os.environ.get("TUNER_GPU", "unknown GPU")
+                       stall_timeout_s=args.stall_timeout,
+                       gpu_index=gpu_index if gpu_state is not None else None,
+                       gpu_baseline_bytes=gpu_state.used_bytes if gpu_state else 0,
+                       gpu_wait_s=args.gpu_wait)
+    if args.simulate:
+        gpu_desc = f"{args.simulate} (simulated)"
+    else:
+        gpu_desc = gpu_state.describe if gpu_state else "unknown GPU (NVML unavailable)"
     storage = open_storage(url)
     sampler = make_sampler(args.sampler, args.seed, args.trials)
     study = create_or_load(name, storage, ctx, objectives, sampler, gpu_desc)
+    if args.gpus:
+        worker_argv = [a for a in _argv_without_gpus(sys.argv[1:])]
+        return run_workers(worker_argv, parse_gpus(args.gpus))
     trials_dir = studies_dir / name / "trials"
+    retried = recover(study, trials_dir)
+    if retried:
+        print(f"study {name}: re-queued trial(s) {retried} of a worker that died")
     done = _finished(study)
-    todo = max(0, args.trials - done)
-    print(f"study {name}: {done} finished trials, running {todo} more ({url})")
-    objective = TrialObjective(ctx=ctx, objectives=objectives, trials_dir=trials_dir)
+    print(f"study {name}: {done} finished trials, running up to {max(0, args.trials - done)} more ({url})")
+    objective = TrialObjective(ctx=ctx, objectives=objectives, trials_dir=trials_dir,
+                               max_trials=args.trials)
     bar = tqdm(total=args.trials, initial=done, unit="trial", dynamic_ncols=True)
 
     def on_trial(study: optuna.Study, trial: optuna.trial.FrozenTrial) -> None:
-        bar.update(1)
+        if trial.state == TrialState.COMPLETE:
+            bar.update(1)
         bar.set_postfix_str(_progress_text(study, trial, objectives[0].metric))
 
     try:
-        while _finished(study) < args.trials:
-            study.optimize(objective, n_trials=args.trials - _finished(study), callbacks=[on_trial],
-                           catch=())
+        while len(counted(study)) < args.trials:
+            study.optimize(objective, n_trials=args.trials - len(counted(study)),
+                           callbacks=[on_trial], catch=())
     finally:
         bar.close()
-    _summary(study, objectives)
+    _summary(study)
     return 0
+
+
+def _argv_without_gpus(argv: list[str]) -> list[str]:
+    out, skip = [], False
+    for a in argv:
+        if skip:
+            skip = False
+            continue
+        if a == "--gpus":
+            skip = True
+            continue
+        if a.startswith("--gpus="):
+            continue
+        out.append(a)
+    return out
 
 
 def _finished(study: optuna.Study) -> int:
@@ -113,7 +152,7 @@ def _progress_text(study: optuna.Study, trial: optuna.trial.FrozenTrial, metric:
     return f"last={last} best {metric}={max(best):.1f}" if best else f"last={last}"
 
 
-def _summary(study: optuna.Study, objectives: list) -> None:
+def _summary(study: optuna.Study) -> None:
     trials = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
     counts: dict[str, int] = {}
     for t in trials:

@@ -1,0 +1,65 @@
+"""Resume after kill -9: the dead worker's trial is failed and re-queued, its server stopped."""
+
+import json
+import socket
+import subprocess
+import sys
+import time
+
+import optuna
+from optuna.trial import TrialState
+
+from tuner.recovery import WORKER_ATTR, recover, stop_orphan_server
+
+
+def _dead_pid() -> int:
+    p = subprocess.Popen([sys.executable, "-c", "pass"])
+    p.wait()
+    return p.pid
+
+
+def _orphan_server(trial_dir):
+    argv = [sys.executable, "-c", "import time; time.sleep(60)"]
+    proc = subprocess.Popen(argv, start_new_session=True)
+    trial_dir.mkdir(parents=True)
+    (trial_dir / "server.json").write_text(json.dumps({"pid": proc.pid, "pgid": proc.pid, "port": 1,
+                                                        "argv": argv}))
+    return proc
+
+
+def test_dead_workers_running_trial_is_requeued_and_its_server_stopped(tmp_path):
+    study = optuna.create_study(storage=f"sqlite:///{tmp_path}/s.db", directions=["maximize"])
+    done = study.ask({"x": optuna.distributions.IntDistribution(0, 10)})
+    study.tell(done, [1.0])
+    dead = study.ask({"x": optuna.distributions.IntDistribution(0, 10)})
+    dead.set_user_attr(WORKER_ATTR, f"{socket.gethostname()}:{_dead_pid()}")
+    live = study.ask({"x": optuna.distributions.IntDistribution(0, 10)})
+    live.set_user_attr(WORKER_ATTR, f"{socket.gethostname()}:{_dead_pid() and __import__('os').getpid()}")
+    proc = _orphan_server(tmp_path / "trials" / str(dead.number))
+    try:
+        assert recover(study, tmp_path / "trials") == [dead.number]
+        assert proc.wait(timeout=10) is not None
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    states = {t.number: t.state for t in study.get_trials()}
+    assert states[done.number] == TrialState.COMPLETE
+    assert states[dead.number] == TrialState.FAIL
+    assert states[live.number] == TrialState.RUNNING  # its worker (this process) is alive
+    waiting = study.get_trials(states=(TrialState.WAITING,))
+    assert len(waiting) == 1 and waiting[0].user_attrs["retry_of"] == dead.number
+    assert waiting[0].system_attrs["fixed_params"] == {"x": dead.params["x"]}
+
+
+def test_pid_reused_by_another_command_is_left_alone(tmp_path):
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"], start_new_session=True)
+    try:
+        trial_dir = tmp_path / "t"
+        trial_dir.mkdir()
+        (trial_dir / "server.json").write_text(json.dumps({"pgid": proc.pid, "argv": ["something", "else"]}))
+        assert stop_orphan_server(trial_dir) is False
+        time.sleep(0.1)
+        assert proc.poll() is None
+    finally:
+        proc.kill()
+        proc.wait()

@@ -1,0 +1,72 @@
+"""What the real GPU looks like, through NVML (nvidia-ml-py), and waiting for it to be free.
+
+A trial measured while another process holds the card, or before the previous server's memory
+was released, measures the wrong thing or OOMs for the wrong reason.  So before each trial the
+card must hold no foreign compute process and be back at its idle baseline.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+from tuner.errors import UsageError
+
+
+@dataclass(frozen=True)
+class GpuState:
+    index: int
+    name: str
+    total_bytes: int
+    used_bytes: int
+    pids: tuple[int, ...]
+
+    @property
+    def describe(self) -> str:
+        return f"{self.name} ({self.total_bytes / 2**30:.1f} GiB)"
+
+
+def _nvml():
+    try:
+        import pynvml
+        pynvml.nvmlInit()
+        return pynvml
+    except Exception:  # noqa: BLE001 - no driver, no library, no GPU: all mean "no NVML here"
+        return None
+
+
+def read_gpu(index: int = 0) -> GpuState | None:
+    """The GPU's name, memory and compute processes, or None where NVML is unavailable."""
+    nv = _nvml()
+    if nv is None:
+        return None
+    try:
+        handle = nv.nvmlDeviceGetHandleByIndex(index)
+        mem = nv.nvmlDeviceGetMemoryInfo(handle)
+        name = nv.nvmlDeviceGetName(handle)
+        procs = nv.nvmlDeviceGetComputeRunningProcesses(handle)
+        return GpuState(index=index, name=name.decode() if isinstance(name, bytes) else str(name),
+                        total_bytes=int(mem.total), used_bytes=int(mem.used),
+                        pids=tuple(int(p.pid) for p in procs))
+    except Exception as exc:  # noqa: BLE001 - NVML raises its own error type per failure
+        raise UsageError(f"cannot read GPU {index} through NVML: {exc}") from None
+    finally:
+        nv.nvmlShutdown()
+
+
+def wait_until_free(index: int, baseline_used: int, timeout_s: float, slack_bytes: int = 512 * 2**20,
+                    poll_s: float = 1.0) -> GpuState | None:
+    """Wait until no compute process holds GPU `index` and its memory is back near baseline."""
+    deadline = time.monotonic() + timeout_s
+    state = read_gpu(index)
+    while state is not None:
+        if not state.pids and state.used_bytes <= baseline_used + slack_bytes:
+            return state
+        if time.monotonic() > deadline:
+            raise UsageError(
+                f"GPU {index} is busy after {timeout_s:.0f} s: processes {list(state.pids)}, "
+                f"{state.used_bytes / 2**20:.0f} MiB used (idle baseline "
+                f"{baseline_used / 2**20:.0f} MiB); stop them or raise --gpu-wait")
+        time.sleep(poll_s)
+        state = read_gpu(index)
+    return None
