@@ -32,6 +32,16 @@ class Cell:
         return f"c{self.concurrency}_i{self.input_len}_o{self.output_len}"
 
 
+@dataclass(frozen=True)
+class Warmup:
+    """Requests sent before the first cell and not measured: they pay for lazy allocation
+    (transformers serve builds its KV cache on the first request), connection set-up and JIT."""
+
+    requests: int
+    input_len: int
+    output_len: int
+
+
 @dataclass
 class RequestRecord:
     """Per-request timings and counts; `error` is None for a request that completed."""
@@ -42,6 +52,7 @@ class RequestRecord:
     completion_tokens: int | None = None
     error: str | None = None
     error_class: str | None = None
+    sim: bool = False  # times are the server's simulated seconds, not the client's clock
 
     @property
     def ok(self) -> bool:

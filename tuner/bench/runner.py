@@ -1,0 +1,272 @@
+"""Drive workload cells against a server and collect per-request records and metrics.
+
+Closed loop keeps `concurrency` requests in flight; open loop sends a Poisson stream of
+`request_rate` requests per (simulated) second, at most `concurrency` in flight.  While a cell
+runs, /health is polled and a stall watch looks at the streams: when the server dies, every open
+stream is cancelled at once and the cell ends with what it measured, so 64 hung streams cost
+about a second, not 64 timeouts.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import random
+import sys
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import aiohttp
+from tqdm import tqdm
+
+from tuner.bench.client import CONNECTION_ERROR, HTTP_ERROR, STREAM_ERROR, Activity, StreamClient, base_url
+from tuner.bench.health import HANG, SERVER_DIED, UNHEALTHY, HealthWatch, stall_watch
+from tuner.bench.metrics import cell_metrics
+from tuner.bench.prompts import PromptMaker
+from tuner.bench.records import Cell, RequestRecord, Warmup
+
+HTTP_ERROR_CELL = "http_error"
+FATAL = (UNHEALTHY, SERVER_DIED, HANG)  # the server is gone: later cells are not run
+# Distinct prompts per cell; beyond this they repeat (far apart, so prefix caches rarely help),
+# and building them never happens while the cell is being measured.
+MAX_PROMPT_POOL = 512
+
+
+@dataclass
+class CellResult:
+    """One cell's outcome.  `error_class` is None when every request completed; otherwise
+    "unhealthy" / "server_died" / "hang" (the cell was cut short) or "http_error" (requests
+    failed while the server stayed up)."""
+
+    cell: Cell
+    records: list[RequestRecord]
+    duration_s: float
+    metrics: dict[str, float]
+    error_class: str | None = None
+    error: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON row: the cell's shape, then vllm-named metrics."""
+        c = self.cell
+        row: dict[str, Any] = {"concurrency": c.concurrency, "input_len": c.input_len,
+                               "output_len": c.output_len, "num_prompts": c.num_prompts,
+                               "duration_s": c.duration_s, "request_rate": c.request_rate}
+        row.update(self.metrics)
+        row["error_class"] = self.error_class
+        row["error"] = self.error
+        return row
+
+
+class _CellRun:
+    """State shared by one cell's request loops and its watchers."""
+
+    def __init__(self, client: StreamClient, cell: Cell, prompts: list[str],
+                 health: HealthWatch | None, pbar: tqdm) -> None:
+        self.client = client
+        self.cell = cell
+        self.prompts = prompts
+        self.health = health
+        self.pbar = pbar
+        self.records: list[RequestRecord] = []
+        self.successes = 0
+        self.error_class: str | None = None
+        self.error = ""
+        self.stop = asyncio.Event()
+
+    def end(self, error_class: str, reason: str) -> None:
+        if self.error_class is None:
+            self.error_class, self.error = error_class, reason
+        self.stop.set()
+
+    async def one(self, i: int) -> None:
+        rec = RequestRecord(send_time=0.0)
+        self.records.append(rec)
+        await self.client.request(self.prompts[i % len(self.prompts)], self.cell.output_len, rec)
+        self.pbar.update(1)
+        if rec.ok:
+            self.successes += 1
+        elif rec.error_class == HTTP_ERROR and self.successes == 0:
+            # the server refuses our requests (422 on ignore_eos, 400 on the model name): every
+            # later one would fail the same way
+            self.end(HTTP_ERROR_CELL, rec.error or "")
+        elif rec.error_class in (CONNECTION_ERROR, STREAM_ERROR):
+            if self.health is not None:
+                self.health.kick()
+            elif rec.error_class == CONNECTION_ERROR:
+                self.end(SERVER_DIED, rec.error or "")
+
+
+async def _closed_loop(run: _CellRun, deadline: float | None) -> None:
+    counter = itertools.count()
+    limit = run.cell.num_prompts
+
+    async def worker() -> None:
+        while not run.stop.is_set():
+            i = next(counter)
+            if (limit is not None and i >= limit) or (deadline is not None and time.perf_counter() >= deadline):
+                return
+            await run.one(i)
+
+    await asyncio.gather(*(worker() for _ in range(run.cell.concurrency)))
+
+
+async def _open_loop(run: _CellRun, deadline: float | None, rng: random.Random, time_scale: float) -> None:
+    sem = asyncio.Semaphore(run.cell.concurrency)
+    tasks: set[asyncio.Task] = set()
+    rate = run.cell.request_rate
+    assert rate is not None
+    t = time.perf_counter()
+    try:
+        for i in itertools.count():
+            if run.cell.num_prompts is not None and i >= run.cell.num_prompts:
+                break
+            t += rng.expovariate(rate) / time_scale
+            delay = t - time.perf_counter()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            if deadline is not None and time.perf_counter() >= deadline:
+                break
+            await sem.acquire()
+            task = asyncio.create_task(run.one(i))
+            tasks.add(task)
+            task.add_done_callback(lambda tk: (sem.release(), tasks.discard(tk)))
+        if tasks:
+            await asyncio.gather(*tasks)
+    finally:
+        for task in list(tasks):
+            task.cancel()
+        if tasks:
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+
+def _duration(records: Sequence[RequestRecord], wall_s: float) -> float:
+    """Simulated records measure the cell on the simulator's clock, otherwise the wall clock."""
+    sim = [r for r in records if r.sim and r.token_times]
+    if sim:
+        return max(r.token_times[-1] for r in sim) - min(r.send_time for r in sim)
+    return wall_s
+
+
+async def _run_cell(client: StreamClient, cell: Cell, prompts: list[str], *, health: HealthWatch | None,
+                    rng: random.Random, time_scale: float, stall_timeout_s: float,
+                    slo_ms: Mapping[str, float] | None, progress: bool) -> CellResult:
+    with tqdm(total=cell.num_prompts, desc=cell.key, unit="req", file=sys.stderr,
+              disable=not progress, leave=True) as pbar:
+        run = _CellRun(client, cell, prompts, health, pbar)
+        start = time.perf_counter()
+        deadline = start + cell.duration_s / time_scale if cell.duration_s is not None else None
+        if cell.request_rate is None:
+            driver = asyncio.create_task(_closed_loop(run, deadline))
+        else:
+            driver = asyncio.create_task(_open_loop(run, deadline, rng, time_scale))
+        client.activity.last = start
+        helpers = [asyncio.create_task(run.stop.wait()),
+                   asyncio.create_task(stall_watch(client.activity, stall_timeout_s, run.end))]
+        if health is not None:
+            helpers.append(asyncio.create_task(health.watch(run.end)))
+        try:
+            await asyncio.wait([driver, helpers[0]], return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for task in (driver, *helpers):
+                task.cancel()
+            await asyncio.gather(driver, *helpers, return_exceptions=True)
+        wall = time.perf_counter() - start
+    records = run.records
+    for rec in records:
+        if rec.error_class == "aborted" and run.error_class is not None:
+            rec.error_class = run.error_class
+            rec.error = f"aborted: {run.error}"
+    error_class, error = run.error_class, run.error
+    failed = [r for r in records if not r.ok]
+    if error_class is None and failed:
+        error_class = HTTP_ERROR_CELL
+        error = f"{len(failed)} of {len(records)} requests failed; first: {failed[0].error}"
+    duration = _duration(records, wall * time_scale)
+    return CellResult(cell, records, duration, cell_metrics(records, duration, slo_ms), error_class, error)
+
+
+def _prompt_pool(maker: PromptMaker, cell: Cell, rng: random.Random) -> list[str]:
+    n = max(2 * cell.concurrency, min(cell.num_prompts or MAX_PROMPT_POOL, MAX_PROMPT_POOL))
+    if cell.num_prompts is not None:
+        n = min(n, cell.num_prompts)
+    return [maker.make(cell.input_len, rng) for _ in range(max(n, 1))]
+
+
+async def run_cells_async(
+    endpoint: str,
+    cells: Sequence[Cell],
+    *,
+    model_name: str,
+    api: str = "chat",
+    request_extra: Mapping[str, Any] | None = None,
+    tokenizer_dir: str | None = None,
+    health_url: str | None = None,
+    seed: int = 0,
+    warmup: Warmup | None = None,
+    stall_timeout_s: float = 30.0,
+    slo_ms: Mapping[str, float] | None = None,
+    on_cell: Callable[[CellResult], None] | None = None,
+    progress: bool = False,
+) -> list[CellResult]:
+    """The asynchronous form of `run_cells`, for callers that already run an event loop."""
+    maker = PromptMaker(tokenizer_dir)
+    activity = Activity()
+    connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=60)
+    timeout = aiohttp.ClientTimeout(total=None, sock_connect=10)
+    results: list[CellResult] = []
+    async with aiohttp.ClientSession(connector=connector, timeout=timeout, auto_decompress=False) as session:
+        client = StreamClient(session, base_url(endpoint), model_name=model_name, api=api,
+                              request_extra=request_extra, activity=activity)
+        health = HealthWatch(health_url) if health_url else None
+        if health is not None:
+            await health.__aenter__()
+        try:
+            time_scale = await health.time_scale() if health is not None else 1.0
+            common = dict(health=health, time_scale=time_scale, stall_timeout_s=stall_timeout_s,
+                          slo_ms=slo_ms, progress=progress)
+            if warmup is not None and warmup.requests > 0:
+                wcell = Cell(warmup.requests, warmup.input_len, warmup.output_len, num_prompts=warmup.requests)
+                wrng = random.Random(f"{seed}:warmup")
+                await _run_cell(client, wcell, _prompt_pool(maker, wcell, wrng), rng=wrng, **common)
+            for index, cell in enumerate(cells):
+                rng = random.Random(f"{seed}:{index}")
+                result = await _run_cell(client, cell, _prompt_pool(maker, cell, rng), rng=rng, **common)
+                results.append(result)
+                if on_cell is not None:
+                    on_cell(result)
+                if result.error_class in FATAL:
+                    break
+        finally:
+            if health is not None:
+                await health.__aexit__(None, None, None)
+    return results
+
+
+def run_cells(
+    endpoint: str,
+    cells: Sequence[Cell],
+    *,
+    model_name: str,
+    api: str = "chat",
+    request_extra: Mapping[str, Any] | None = None,
+    tokenizer_dir: str | None = None,
+    health_url: str | None = None,
+    seed: int = 0,
+    warmup: Warmup | None = None,
+    stall_timeout_s: float = 30.0,
+    slo_ms: Mapping[str, float] | None = None,
+    on_cell: Callable[[CellResult], None] | None = None,
+    progress: bool = False,
+) -> list[CellResult]:
+    """Run `cells` in order against `endpoint` (server root or full /v1/... URL) and return one
+    CellResult per cell run.  After a cell that ends "unhealthy", "server_died" or "hang" the
+    server is gone, so the remaining cells are not run (the list is shorter).  `health_url`
+    None disables the health watch (a connection error then ends the cell as "server_died").
+    `slo_ms` ({"ttft": ms, "tpot": ms, "e2el": ms}) adds `request_goodput`.
+    """
+    return asyncio.run(run_cells_async(
+        endpoint, cells, model_name=model_name, api=api, request_extra=request_extra,
+        tokenizer_dir=tokenizer_dir, health_url=health_url, seed=seed, warmup=warmup,
+        stall_timeout_s=stall_timeout_s, slo_ms=slo_ms, on_cell=on_cell, progress=progress))

@@ -1,0 +1,114 @@
+"""`tuner bench`: measure an already running OpenAI-compatible server, standalone.
+
+Uses the same runner as the tuner's trials, so a number seen here is the number a trial would
+record for the same cell.  Exit status: 0 when every request of every cell completed, 1 when a
+cell failed (the table and files still hold what was measured), 2 for usage errors.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+import requests
+
+from tuner.bench.client import APIS, base_url
+from tuner.bench.records import Cell
+from tuner.bench.report import format_table, write_results
+from tuner.bench.runner import CellResult, run_cells
+from tuner.errors import UsageError
+from tuner.workload import DEFAULT_WARMUP, Workload, load_workload
+
+
+def add_parser(subparsers: Any) -> argparse.ArgumentParser:
+    p = subparsers.add_parser(
+        "bench", help="benchmark a running OpenAI-compatible server",
+        description="Stream requests to a running server and report vllm-bench-serve-named metrics.")
+    p.add_argument("--url", required=True, help="server root, e.g. http://127.0.0.1:8000")
+    p.add_argument("--model", required=True, help="model name sent in each request")
+    p.add_argument("--workload", help="workload YAML (cells, warm-up, seed)")
+    p.add_argument("--concurrency", type=int, help="closed-loop concurrency of a single cell")
+    p.add_argument("--input-len", type=int, help="prompt tokens of a single cell")
+    p.add_argument("--output-len", type=int, help="output tokens (max_tokens) of a single cell")
+    p.add_argument("--num-prompts", type=int, help="requests of a single cell (default 4 x concurrency)")
+    p.add_argument("--request-rate", type=float, help="open loop: Poisson arrivals per second")
+    p.add_argument("-o", "--output", help="results JSON; a CSV with the same stem is written beside it")
+    p.add_argument("--api", choices=APIS, default="chat")
+    p.add_argument("--extra-body", default="{}",
+                   help='JSON merged into every request, e.g. \'{"ignore_eos": true}\'; null removes a field')
+    p.add_argument("--tokenizer", help="dir with tokenizer.json for exact prompt lengths")
+    p.add_argument("--health-path", default="/health", help="polled during cells; '' disables")
+    p.add_argument("--stall-timeout", type=float, default=30.0, help="seconds without a token -> hang")
+    p.add_argument("--seed", type=int, help="prompt/arrival seed (default: the workload's, else 0)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
+    return p
+
+
+def _workload(args: argparse.Namespace) -> Workload:
+    single = [args.concurrency, args.input_len, args.output_len]
+    if args.workload:
+        if any(v is not None for v in single + [args.num_prompts, args.request_rate]):
+            raise UsageError("give either --workload or --concurrency/--input-len/--output-len, not both")
+        return load_workload(args.workload)
+    if any(v is None for v in single):
+        raise UsageError("give --workload FILE, or --concurrency, --input-len and --output-len")
+    if args.concurrency < 1 or args.input_len < 0 or args.output_len < 1:
+        raise UsageError("--concurrency and --output-len must be >= 1, --input-len >= 0")
+    if args.num_prompts is not None and args.num_prompts < 1:
+        raise UsageError("--num-prompts must be >= 1")
+    if args.request_rate is not None and not args.request_rate > 0:
+        raise UsageError("--request-rate must be > 0")
+    num = args.num_prompts if args.num_prompts is not None else 4 * args.concurrency
+    cell = Cell(args.concurrency, args.input_len, args.output_len, num, request_rate=args.request_rate)
+    return Workload("cli", 0, DEFAULT_WARMUP, (cell,))
+
+
+def _health_url(url: str, path: str) -> str | None:
+    """A server without /health (404) is benched without the watch rather than refused."""
+    if not path:
+        return None
+    health = base_url(url) + path
+    try:
+        status = requests.get(health, timeout=5).status_code
+    except requests.RequestException as exc:
+        raise UsageError(f"cannot reach {health}: {type(exc).__name__}") from None
+    if status == 404:
+        print(f"note: {health} is 404; running without the health watch", file=sys.stderr)
+        return None
+    if status != 200:
+        raise UsageError(f"{health} answered {status}: the server is not healthy")
+    return health
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        extra = json.loads(args.extra_body)
+    except ValueError as exc:
+        raise UsageError(f"--extra-body: not JSON: {exc}") from None
+    if not isinstance(extra, dict):
+        raise UsageError("--extra-body: must be a JSON object")
+    if args.stall_timeout <= 0:
+        raise UsageError("--stall-timeout must be > 0")
+    workload = _workload(args)
+    health = _health_url(args.url, args.health_path)
+    seed = args.seed if args.seed is not None else workload.seed
+
+    def show(result: CellResult) -> None:
+        if result.error_class:
+            print(f"cell {result.cell.key}: {result.error_class}: {result.error}", file=sys.stderr)
+
+    results = run_cells(
+        args.url, list(workload.cells), model_name=args.model, api=args.api, request_extra=extra,
+        tokenizer_dir=args.tokenizer, health_url=health, seed=seed,
+        warmup=workload.warmup,
+        stall_timeout_s=args.stall_timeout, slo_ms=workload.goodput_slo_ms() or None,
+        on_cell=show, progress=not args.no_progress)
+    print(format_table(results))
+    if args.output:
+        json_path, csv_path = write_results(results, args.output)
+        print(f"wrote {json_path} and {csv_path}")
+    complete = len(results) == len(workload.cells) and all(r.error_class is None for r in results)
+    return 0 if complete else 1
+
