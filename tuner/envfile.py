@@ -101,13 +101,14 @@ def render(env: Mapping[str, str], header: Sequence[str] = ()) -> str:
     return "\n".join(lines) + "\n"
 
 
-def write_atomic(path: Path, text: str) -> None:
+def write_atomic(path: Path, text: str, encoding: str = "ascii") -> None:
     """Write via a temp file in the same folder and os.replace, so no partial file is ever left."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
     try:
-        with os.fdopen(fd, "w", encoding="ascii", newline="\n") as fh:
+        with os.fdopen(fd, "w", encoding=encoding, newline="\n") as fh:
             fh.write(text)
+        os.chmod(tmp, 0o644)  # mkstemp makes 0600; these files are meant to be read by services
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)

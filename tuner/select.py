@@ -74,6 +74,14 @@ def outcome(trial: FrozenTrial) -> str:
     return str(trial.user_attrs.get("outcome", "ok"))
 
 
+def outcome_label(trial: FrozenTrial) -> str:
+    """The outcome, with an ok run that violates an SLO constraint told apart ("ok, misses SLO")."""
+    out = outcome(trial)
+    if out == "ok" and trial.state == TrialState.COMPLETE and not is_feasible(trial):
+        return "ok, misses SLO"
+    return out
+
+
 def is_feasible(trial: FrozenTrial) -> bool:
     """COMPLETE, all constraints <= 0, and the server did not fail."""
     return (trial.state == TrialState.COMPLETE and trial.values is not None
