@@ -1,0 +1,132 @@
+"""`tuner inspect`: list the trials and the Pareto set, write report.html, or serve the dashboard."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import optuna
+
+from tuner import report, studyref
+from tuner.commands.export import SLO_HELP, add_pick_args, pick_trial
+from tuner.errors import UsageError
+from tuner.select import Choice, is_feasible, outcome, outcome_label, pareto_front, study_objectives
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    """Register `tuner inspect`."""
+    p = subparsers.add_parser(
+        "inspect", help="show trials and the Pareto set; write report.html; --serve the dashboard",
+        description="Show a study's trials (params, outcome, objective values, constraints) and its "
+                    "feasible Pareto set, and write STUDIES_DIR/NAME/report.html.",
+        epilog=SLO_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
+    studyref.add_study_args(p)
+    add_pick_args(p)
+    p.add_argument("--format", choices=("table", "json"), default="table", help="stdout format (default: table)")
+    p.add_argument("--report", metavar="PATH", help="where to write the report (default: STUDIES_DIR/NAME/report.html)")
+    p.add_argument("--no-report", action="store_true", help="do not write report.html or store figures in the study")
+    p.add_argument("--serve", action="store_true",
+                   help="run optuna-dashboard on the study's storage until Ctrl-C (needs optuna-dashboard)")
+    p.add_argument("--host", default="127.0.0.1", help="--serve address (default: 127.0.0.1, local only)")
+    p.add_argument("--port", type=int, default=8080, help="--serve port (default: 8080)")
+    p.set_defaults(func=run)
+    return p
+
+
+def _finite(v: float) -> float | str:
+    """JSON has no inf/nan; say them as strings rather than emit invalid JSON."""
+    return v if math.isfinite(v) else str(v)
+
+
+def trial_record(t: optuna.trial.FrozenTrial) -> dict[str, Any]:
+    """What `--format json` prints for one trial."""
+    return {"number": t.number, "state": t.state.name, "outcome": outcome(t),
+            "feasible": is_feasible(t), "params": t.params,
+            "values": [_finite(v) for v in t.values] if t.values else None,
+            "constraints": {k: _finite(v) for k, v in t.constraints.items()},
+            "reason": t.user_attrs.get("reason", "")}
+
+
+def as_json(study: optuna.Study, pareto: Sequence[int], choice: Choice | None, report_path: str | None) -> str:
+    """The whole inspection as one JSON document."""
+    doc = {"study": study.study_name, "objectives": [str(o) for o in study_objectives(study)],
+           "trials": [trial_record(t) for t in study.get_trials(deepcopy=False)],
+           "pareto": list(pareto), "chosen": choice.trial.number if choice else None,
+           "chosen_rule": choice.rule if choice else None, "report": report_path}
+    return json.dumps(doc, indent=2, default=str, allow_nan=False)
+
+
+def _cell(v: Any) -> str:
+    if isinstance(v, float):
+        return f"{v:.4g}"
+    return str(v)
+
+
+def as_table(study: optuna.Study, pareto: Sequence[int], choice: Choice | None) -> str:
+    """A fixed-width text table: one row per trial, Pareto members marked * and the pick >."""
+    trials = study.get_trials(deepcopy=False)
+    objectives = study_objectives(study)
+    params = list(dict.fromkeys(k for t in trials for k in t.params))
+    ckeys = list(dict.fromkeys(k for t in trials for k in t.constraints))
+    head = ["", "#", "outcome", *[o.metric for o in objectives], *params, *ckeys]
+    rows = []
+    for t in trials:
+        mark = (">" if choice and t.number == choice.trial.number else "") + ("*" if t.number in pareto else "")
+        measured = outcome(t) == "ok" and t.values
+        vals = [_cell(v) for v in t.values] if measured else ["-"] * len(objectives)
+        rows.append([mark, str(t.number), outcome_label(t), *vals, *[_cell(t.params.get(p, "")) for p in params],
+                     *[_cell(t.constraints.get(k, "")) for k in ckeys]])
+    widths = [max(len(r[i]) for r in [head, *rows]) for i in range(len(head))]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in [head, *rows]]
+    tail = f"Pareto set (feasible): {', '.join(map(str, pareto)) or 'empty'}"
+    if choice:
+        tail += f"; chosen: trial {choice.trial.number} ({choice.rule})"
+    return "\n".join(lines + ["", tail + "  [* Pareto, > chosen; '-' = not measured]"])
+
+
+def serve(storage: str, host: str, port: int) -> int:
+    """optuna-dashboard in the foreground until Ctrl-C."""
+    try:
+        from optuna_dashboard import run_server
+    except ImportError:
+        raise UsageError("--serve needs optuna-dashboard: pip install 'tuner[dashboard]' "
+                         "(or pip install optuna-dashboard)") from None
+    print(f"optuna-dashboard on http://{host}:{port}/ for {storage} (Ctrl-C to stop)", file=sys.stderr)
+    try:
+        run_server(storage, host=host, port=port)
+    except KeyboardInterrupt:
+        pass
+    except OSError as exc:
+        raise UsageError(f"cannot serve on {host}:{port}: {exc}") from None
+    return 0
+
+
+def run(args: argparse.Namespace) -> int:
+    """Inspect a study; UsageError for anything the user can fix."""
+    ref = studyref.resolve(args)
+    if args.serve:
+        return serve(ref.storage, args.host, args.port)
+    study = studyref.load(ref)
+    trials = study.get_trials(deepcopy=False)
+    feasible = [t for t in trials if is_feasible(t)]
+    pareto = [t.number for t in pareto_front(feasible, study_objectives(study))]
+    choice = pick_trial(study, args) if feasible else None
+    report_path = None
+    if not args.no_report:
+        path = args.report or str(ref.folder / "report.html")
+        figs = report.write_report(Path(path), study, choice)
+        report_path = path
+        if not report.store_in_dashboard(study, figs):
+            print("optuna-dashboard not installed: figures not stored in the study", file=sys.stderr)
+    if args.format == "json":
+        print(as_json(study, pareto, choice, report_path))
+    else:
+        print(as_table(study, pareto, choice))
+        if report_path:
+            print(f"report: {report_path}")
+    return 0

@@ -1,0 +1,140 @@
+"""Turn a chosen trial into a deployable config (env | json | yaml) with provenance.
+
+Values come from what the server actually got -- the trial's `env` and `argv` user_attrs -- with
+the study attrs `env_params` (param -> env var) and `flag_params` (param -> flag) saying which of
+them are tuned, so the export does not depend on the search-space loader.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import optuna
+import yaml
+from optuna.trial import FrozenTrial
+
+import tuner
+from tuner import envfile
+from tuner.errors import UsageError
+from tuner.select import Choice, study_objectives
+
+FORMATS = ("env", "json", "yaml")
+
+
+@dataclass
+class ExportConfig:
+    """What to deploy: env vars, server argument tokens, and where they came from."""
+
+    env: dict[str, str]
+    server_args: list[str]
+    params: dict[str, Any]
+    provenance: dict[str, Any] = field(default_factory=dict)
+
+
+def _flag_tokens(argv: Sequence[str], flag: str) -> list[str]:
+    """The tokens of one flag in argv: [flag, value], [flag=value], [flag] (a switch) or []."""
+    for i in range(len(argv) - 1, -1, -1):
+        tok = argv[i]
+        if tok.startswith(flag + "="):
+            return [tok]
+        if tok == flag:
+            nxt = argv[i + 1] if i + 1 < len(argv) else None
+            return [flag] if nxt is None or nxt.startswith("--") else [flag, nxt]
+    return []
+
+
+def tuned_env(trial: FrozenTrial, env_params: Mapping[str, str] | None) -> dict[str, str]:
+    """The env vars of the tuned parameters as the server got them (all of `env` if unknown)."""
+    env = {str(k): str(v) for k, v in (trial.user_attrs.get("env") or {}).items()}
+    if env_params is None:
+        return env
+    return {var: env[var] for var in env_params.values() if var in env}
+
+
+def tuned_args(trial: FrozenTrial, flag_params: Mapping[str, str] | None) -> list[str]:
+    """The argv tokens of the tuned flag parameters, in the order the server got them."""
+    argv = [str(a) for a in trial.user_attrs.get("argv") or []]
+    if not flag_params:
+        return []
+    found = []
+    for flag in flag_params.values():
+        toks = _flag_tokens(argv, flag)
+        if toks:
+            pos = max(i for i, a in enumerate(argv) if a == toks[0])
+            found.append((pos, toks))
+    return [tok for _, toks in sorted(found) for tok in toks]
+
+
+def build(study: optuna.Study, choice: Choice, *, now: _dt.datetime | None = None) -> ExportConfig:
+    """The export of `choice.trial` with a provenance record."""
+    trial = choice.trial
+    attrs = study.user_attrs
+    if "argv" not in trial.user_attrs and "env" not in trial.user_attrs:
+        raise UsageError(f"trial {trial.number} has no argv/env user_attrs; was it run by the tuner?")
+    objectives = study_objectives(study)
+    provenance = {
+        "tuner_version": attrs.get("tuner_version", tuner.__version__),
+        "exported_by": tuner.__version__,
+        "date": (now or _dt.datetime.now(_dt.timezone.utc)).isoformat(timespec="seconds"),
+        "study": study.study_name,
+        "trial": trial.number,
+        "pick": choice.rule,
+        "pareto_trials": [t.number for t in choice.pareto],
+        "model": attrs.get("model"),
+        "gpu": attrs.get("gpu"),
+        "space": attrs.get("space"),
+        "space_file": attrs.get("space_file"),
+        "workload": attrs.get("workload"),
+        "objectives": [str(o) for o in objectives],
+        "values": {o.metric: v for o, v in zip(objectives, trial.values or [])},
+        "metrics": dict(trial.user_attrs.get("metrics") or {}),
+        "launch": envfile.server_args_line(trial.user_attrs.get("argv") or []),
+    }
+    return ExportConfig(env=tuned_env(trial, attrs.get("env_params")),
+                        server_args=tuned_args(trial, attrs.get("flag_params")),
+                        params=dict(trial.params), provenance=provenance)
+
+
+def _fmt(v: Any) -> str:
+    return f"{v:.6g}" if isinstance(v, float) else str(v)
+
+
+def env_header(cfg: ExportConfig) -> list[str]:
+    """Comment lines for best.env: provenance, the metrics, and how to use the args variable."""
+    p = cfg.provenance
+    lines = [f"best config exported by tuner {p['exported_by']} on {p['date']}",
+             f"study: {p['study']}  trial: {p['trial']}  pick: {p['pick']}",
+             f"study tuner version: {p['tuner_version']}",
+             f"model: {p['model']}", f"gpu: {p['gpu']}",
+             f"search space: {p['space']} ({p['space_file']})  workload: {p['workload']}",
+             "objectives: " + ", ".join(f"{k}={_fmt(v)}" for k, v in p["values"].items())]
+    metrics = p["metrics"]
+    for i in range(0, len(metrics), 4):
+        lines.append("metrics: " + ", ".join(f"{k}={_fmt(v)}" for k, v in list(metrics.items())[i:i + 4]))
+    lines += ["params: " + ", ".join(f"{k}={v}" for k, v in cfg.params.items()),
+              f"launch (as tried): {p['launch']}",
+              f"{envfile.SERVER_ARGS_VAR} holds the tuned server flags comma-separated (no spaces, so",
+              "docker, systemd and bash read it alike); expand with: IFS=, read -ra ARGS <<<\"$"
+              f"{envfile.SERVER_ARGS_VAR}\""]
+    return lines
+
+
+def render(cfg: ExportConfig, fmt: str) -> str:
+    """The export text in `fmt` (env | json | yaml)."""
+    if fmt == "env":
+        env = dict(cfg.env)
+        if envfile.SERVER_ARGS_VAR in env:
+            raise UsageError(f"env param {envfile.SERVER_ARGS_VAR} clashes with the server args variable")
+        env[envfile.SERVER_ARGS_VAR] = envfile.encode_server_args(cfg.server_args)
+        return envfile.render(env, env_header(cfg))
+    doc = {"provenance": cfg.provenance, "env": cfg.env, "server_args": cfg.server_args,
+           "params": cfg.params}
+    if fmt == "json":
+        return json.dumps(doc, indent=2, default=str) + "\n"
+    if fmt == "yaml":
+        return yaml.safe_dump(json.loads(json.dumps(doc, default=str)), sort_keys=False)
+    raise UsageError(f"unknown --format {fmt!r} (choose from {', '.join(FORMATS)})")

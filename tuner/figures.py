@@ -1,0 +1,230 @@
+"""The plotly figures of report.html (and of optuna-dashboard), one function per figure.
+
+Failed trials carry worst-case objective values, which would squash every axis; figures that
+plot objectives therefore draw failures at the worst edge of the range the ok trials span, with
+an x marker and a hover that says the value was not measured.
+"""
+
+from __future__ import annotations
+
+import itertools
+import random
+import warnings
+from collections.abc import Sequence
+from typing import Any
+
+import optuna
+import plotly.graph_objects as go
+from optuna.importance import PedAnovaImportanceEvaluator
+from optuna.trial import FrozenTrial, TrialState
+from plotly.subplots import make_subplots
+
+from tuner.select import Objective, outcome
+from tuner.select import outcome_label as label
+from tuner.slospec import cell_id
+
+OUTCOME_COLORS = {"ok": "#2ca02c", "ok, misses SLO": "#bcbd22", "slo": "#bcbd22", "oom": "#d62728",
+                  "crash": "#000000", "unhealthy": "#ff7f0e", "hang": "#9467bd", "startup": "#8c564b",
+                  "skipped": "#7f7f7f"}
+CELL_METRICS = ("output_throughput", "p99_ttft_ms", "p99_tpot_ms", "mean_ttft_ms", "mean_tpot_ms")
+
+
+def _color(name: str) -> str:
+    return OUTCOME_COLORS.get(name, "#17becf")
+
+
+def _measured(trial: FrozenTrial) -> bool:
+    return trial.state == TrialState.COMPLETE and outcome(trial) == "ok" and trial.values is not None
+
+
+def _axis_values(trials: Sequence[FrozenTrial], i: int, obj: Objective) -> list[float]:
+    """Objective i per trial; unmeasured trials placed 5% beyond the worst measured value."""
+    seen = [t.values[i] for t in trials if _measured(t)] or [0.0, 1.0]
+    lo, hi = min(seen), max(seen)
+    pad = 0.05 * ((hi - lo) or abs(hi) or 1.0)
+    edge = lo - pad if obj.maximize else hi + pad
+    return [t.values[i] if _measured(t) else edge for t in trials]
+
+
+def _hover(t: FrozenTrial, objectives: Sequence[Objective]) -> str:
+    head = f"trial {t.number}: {label(t)}"
+    if not _measured(t):
+        reason = str(t.user_attrs.get("reason", ""))[:120]
+        return f"{head}<br>not measured (worst-case values){'<br>' + reason if reason else ''}"
+    vals = "<br>".join(f"{o.metric}={v:.4g}" for o, v in zip(objectives, t.values))
+    params = "<br>".join(f"{k}={v}" for k, v in t.params.items())
+    return f"{head}<br>{vals}<br>{params}"
+
+
+def pareto_front(trials: Sequence[FrozenTrial], objectives: Sequence[Objective],
+                 pareto: Sequence[int], chosen: int | None) -> go.Figure:
+    """Each pair of objectives, every trial coloured by outcome; Pareto set ringed, pick starred."""
+    done = [t for t in trials if t.state == TrialState.COMPLETE and t.values is not None]
+    pairs = list(itertools.combinations(range(len(objectives)), 2)) or [(0, 0)]
+    fig = make_subplots(rows=1, cols=len(pairs), horizontal_spacing=0.08)
+    axes = {i: _axis_values(done, i, o) for i, o in enumerate(objectives)}
+    for col, (a, b) in enumerate(pairs, 1):
+        xs = axes[a] if a != b else [t.number for t in done]
+        ys = axes[b]
+        for name in dict.fromkeys(label(t) for t in done):
+            idx = [k for k, t in enumerate(done) if label(t) == name]
+            fig.add_trace(go.Scatter(
+                x=[xs[k] for k in idx], y=[ys[k] for k in idx], mode="markers", name=name,
+                legendgroup=name, showlegend=col == 1,
+                marker=dict(color=_color(name), size=9, symbol="circle" if name.startswith("ok") else "x"),
+                text=[_hover(done[k], objectives) for k in idx], hoverinfo="text"), row=1, col=col)
+        for name, nums, marker in (("Pareto set", set(pareto), dict(size=16, color="rgba(0,0,0,0)",
+                                                                      line=dict(color="#1f77b4", width=2))),
+                                   ("chosen", {chosen}, dict(size=20, symbol="star", color="#1f77b4"))):
+            idx = [k for k, t in enumerate(done) if t.number in nums]
+            fig.add_trace(go.Scatter(x=[xs[k] for k in idx], y=[ys[k] for k in idx], mode="markers",
+                                     name=name, legendgroup=name, showlegend=col == 1, marker=marker,
+                                     hoverinfo="skip"), row=1, col=col)
+        fig.update_xaxes(title_text=objectives[a].metric if a != b else "trial", row=1, col=col)
+        fig.update_yaxes(title_text=objectives[b].metric, row=1, col=col)
+    fig.update_layout(title="Pareto front (colour = outcome; failures drawn at the worst edge, x)",
+                      height=450)
+    return fig
+
+
+def optimization_history(study: optuna.Study, objectives: Sequence[Objective]) -> go.Figure:
+    """optuna's history plot of the first objective (infeasible trials shown apart)."""
+    fig = optuna.visualization.plot_optimization_history(
+        study, target=lambda t: t.values[0], target_name=objectives[0].metric)
+    fig.update_layout(title=f"Optimisation history: {objectives[0]}", height=400)
+    return fig
+
+
+def param_importances(study: optuna.Study, objectives: Sequence[Objective]) -> go.Figure:
+    """PED-ANOVA importances per objective over the ok trials (failures would measure the sentinel).
+
+    PED-ANOVA (optuna's default, no scikit-learn needed) ranks what it takes to reach *low*
+    targets, so maximised objectives are negated.
+    """
+    ok = [t for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)) if _measured(t)]
+    varying = [p for p in {k for t in ok for k in t.params}
+               if len({repr(t.params.get(p)) for t in ok}) > 1 and all(p in t.params for t in ok)]
+    if len(ok) < 2 or not varying:
+        return _note("Parameter importances", f"needs 2+ ok trials with varying params (have {len(ok)})")
+    verbosity = optuna.logging.get_verbosity()
+    optuna.logging.set_verbosity(optuna.logging.WARNING)  # no "new study created" line per report
+    try:
+        copy = optuna.create_study(directions=study.directions)
+    finally:
+        optuna.logging.set_verbosity(verbosity)
+    copy.add_trials(ok)
+    fig = go.Figure()
+    for i, obj in enumerate(objectives):
+        sign = -1.0 if obj.maximize else 1.0
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)  # the "low target" reminder, handled by sign
+            imp = optuna.importance.get_param_importances(
+                copy, evaluator=PedAnovaImportanceEvaluator(), params=sorted(varying),
+                target=lambda t, i=i, sign=sign: sign * t.values[i])
+        names = list(imp)[::-1]
+        fig.add_trace(go.Bar(x=[imp[n] for n in names], y=names, orientation="h", name=obj.metric))
+    fig.update_layout(title="Parameter importances (PED-ANOVA over ok trials)", barmode="group",
+                      xaxis_title="importance", height=120 + 60 * len(varying))
+    return fig
+
+
+def failure_map(trials: Sequence[FrozenTrial]) -> go.Figure:
+    """For each knob: the values tried, on the outcome they had (which values OOM or crash)."""
+    params = sorted({p for t in trials for p in t.params})
+    if not params:
+        return _note("Failure map", "no trial has parameters")
+    cols = min(3, len(params))
+    rows = -(-len(params) // cols)
+    fig = make_subplots(rows=rows, cols=cols, subplot_titles=params, vertical_spacing=0.12)
+    rng = random.Random(0)
+    order = list(dict.fromkeys(sorted((label(t) for t in trials), key=lambda n: (n != "ok", n))))
+    for n, p in enumerate(params):
+        row, col = n // cols + 1, n % cols + 1
+        for name in order:
+            sub = [t for t in trials if label(t) == name and p in t.params]
+            if not sub:
+                continue
+            fig.add_trace(go.Scatter(
+                x=[_plain(t.params[p]) for t in sub],
+                y=[order.index(name) + rng.uniform(-0.2, 0.2) for t in sub], mode="markers",
+                name=name, legendgroup=name, showlegend=n == 0, marker=dict(color=_color(name), size=8),
+                text=[f"trial {t.number}: {p}={t.params[p]} -> {name}" for t in sub], hoverinfo="text"),
+                row=row, col=col)
+        fig.update_yaxes(tickvals=list(range(len(order))), ticktext=order, row=row, col=col)
+    fig.update_layout(title="Failure map: outcome of each value tried, per knob", height=300 * rows)
+    return fig
+
+
+def _plain(v: Any) -> Any:
+    return str(v) if isinstance(v, bool) else v
+
+
+def cells_table(chosen: FrozenTrial | None, default: FrozenTrial | None) -> go.Figure:
+    """Per-cell metrics of the chosen config beside the server's default config."""
+    if chosen is None:
+        return _note("Chosen config per cell", "no config chosen (nothing feasible)")
+    by_cell: dict[str, dict[str, dict]] = {}
+    for who, t in (("chosen", chosen), ("default", default)):
+        for c in (t.user_attrs.get("cells") or []) if t else []:
+            by_cell.setdefault(cell_id(c.get("cell", {})), {})[who] = c.get("metrics") or {}
+    header = ["cell"]
+    for m in CELL_METRICS:
+        header += [f"{m}<br>chosen #{chosen.number}", f"default{f' #{default.number}' if default else ''}"]
+    rows: list[list[str]] = []
+    for cell, got in by_cell.items():
+        row = [cell]
+        for m in CELL_METRICS:
+            row += [_num(got.get("chosen", {}).get(m)),
+                    _num(got.get("default", {}).get(m)) if default else "no default trial"]
+        rows.append(row)
+    fig = go.Figure(go.Table(header=dict(values=header, align="left"),
+                             cells=dict(values=list(map(list, zip(*rows))) if rows else [[]] * len(header),
+                                        align="left")))
+    fig.update_layout(title=f"Chosen trial {chosen.number} per cell vs the default config"
+                            + ("" if default else " (no trial has user_attr is_default)"),
+                      height=260 + 32 * max(len(rows), 1), margin=dict(t=60, b=10))
+    return fig
+
+
+def _num(v: Any) -> str:
+    return f"{v:.4g}" if isinstance(v, (int, float)) else "-"
+
+
+def memory_headroom(trials: Sequence[FrozenTrial]) -> go.Figure | None:
+    """Predicted headroom (1 - predicted_peak/capacity) against what happened; None if unrecorded."""
+    pts = []
+    for t in trials:
+        pred, cap = t.user_attrs.get("predicted_peak_bytes"), t.user_attrs.get("capacity_bytes")
+        if isinstance(pred, (int, float)) and isinstance(cap, (int, float)) and cap > 0:
+            seen = t.user_attrs.get("peak_bytes")
+            pts.append((t, 1 - pred / cap, 1 - seen / cap if isinstance(seen, (int, float)) else None))
+    if not pts:
+        return None
+    with_seen = any(s is not None for _, _, s in pts)
+    order = sorted({label(t) for t, _, _ in pts}, key=lambda n: (n != "ok", n))
+    fig = go.Figure()
+    for name in order:
+        sub = [p for p in pts if label(p[0]) == name]
+        ys = [s if with_seen else order.index(name) for _, _, s in sub]
+        fig.add_trace(go.Scatter(x=[p for _, p, _ in sub], y=ys, mode="markers", name=name,
+                                 marker=dict(color=_color(name), size=9),
+                                 text=[f"trial {t.number}: predicted {p:.1%}" for t, p, _ in sub],
+                                 hoverinfo="text"))
+    fig.add_vline(x=0, line_dash="dash", line_color="grey")
+    fig.update_layout(title="Memory headroom: predicted vs seen", height=400,
+                      xaxis_title="predicted headroom (1 - predicted_peak_bytes / capacity_bytes)",
+                      xaxis_tickformat=".0%")
+    if with_seen:
+        fig.update_yaxes(title_text="seen headroom (1 - peak_bytes / capacity_bytes)", tickformat=".0%")
+    else:
+        fig.update_yaxes(title_text="outcome (peak_bytes not recorded)", tickvals=list(range(len(order))),
+                         ticktext=order)
+    return fig
+
+
+def _note(title: str, text: str) -> go.Figure:
+    """A figure that only says why there is nothing to plot (keeps the report's layout stable)."""
+    fig = go.Figure()
+    fig.add_annotation(text=text, showarrow=False, x=0.5, y=0.5, xref="paper", yref="paper")
+    fig.update_layout(title=title, height=200, xaxis_visible=False, yaxis_visible=False)
+    return fig
