@@ -1,0 +1,306 @@
+"""The simulated InfiniLM engine: a discrete-event scheduler over a paged KV block pool.
+
+Scheduling facts follow InfiniTensor/InfiniLM `python/infinilm/llm/scheduler.py` and the seed's
+patch to it (see ../shared/DESIGN.md):
+
+* a waiting queue and a running queue; a step is either a prefill of waiting requests or a decode
+  of running ones, and prefill has priority (upstream: "new prefill minimizes TTFT");
+* admission reserves ceil((prompt + max_tokens) / block_size) blocks up front, with no swap or
+  preemption, so a request never runs out of blocks mid-generation; a head request that does not
+  fit logs "Insufficient KV cache blocks ..., deferring." and blocks the queue (FIFO);
+* a prefill step takes at most min(max_batch_size, INFINILM_PREFILL_BATCH_CAP) requests and at most
+  INFINILM_MAX_NUM_BATCHED_TOKENS prompt tokens (the first request always goes: no chunking);
+  a decode step takes at most min(max_batch_size, INFINILM_DECODE_BATCH_CAP) running requests,
+  round-robin (upstream pops them from a FIFO queue and puts them back at its end);
+* the seed's long-context guard: a request is "long" when its prompt (or prompt + max_tokens with
+  INFINILM_LONG_CONTEXT_USE_TOTAL_LEN) reaches INFINILM_LONG_CONTEXT_THRESHOLD; at most
+  INFINILM_LONG_CONTEXT_MAX_BATCH long requests per prefill or decode batch; with
+  INFINILM_DECODE_FIRST_WHEN_RUNNING a long prefill waits while anything is decoding.
+
+Every forward is checked against `MemoryModel.forward_peak`; one that overflows kills the step
+loop as InfiniLM's does (the engine stops, nothing more is produced).  To stay cheap, runs of
+identical decode steps (the whole running set, nothing arriving or finishing) are advanced in
+bulk with numpy instead of one Python iteration per token.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from tuner.modelinfo import ModelInfo
+from tuner.sim.config import SimConfig
+from tuner.sim.memory import MemoryModel
+from tuner.sim.profiles import GpuProfile
+from tuner.sim.timing import StepTimer
+
+LogFn = Callable[[str], None]
+
+
+@dataclass(eq=False)
+class SimRequest:
+    """One request inside the engine; `token_times` are simulated seconds."""
+
+    rid: int
+    arrival: float
+    prompt_len: int
+    max_tokens: int
+    blocks: int = 0
+    token_times: list[float] = field(default_factory=list)
+    finished: bool = False
+    error: str | None = None
+    deferred_logged: bool = False
+
+    @property
+    def generated(self) -> int:
+        return len(self.token_times)
+
+    @property
+    def context(self) -> int:
+        return self.prompt_len + self.generated
+
+    @property
+    def remaining(self) -> int:
+        return self.max_tokens - self.generated
+
+
+class StartupFailure(Exception):
+    """The server cannot start; `log_lines` are what InfiniLM prints, exit status 3."""
+
+    def __init__(self, reason: str, log_lines: list[str]) -> None:
+        super().__init__(reason)
+        self.log_lines = log_lines
+
+
+class Engine:
+    """Scheduler + memory + step times.  Drive it with `submit` and `advance`."""
+
+    def __init__(self, model: ModelInfo, gpu: GpuProfile, cfg: SimConfig,
+                 log: LogFn | None = None) -> None:
+        self.model, self.gpu, self.cfg, self.knobs = model, gpu, cfg, cfg.knobs
+        self.memory = MemoryModel(model, gpu, cfg.num_blocks, cfg.block_size, cfg.enable_graph, cfg.tp)
+        self.timer = StepTimer(model, gpu, cfg.enable_graph, cfg.tp)
+        self._log = log or (lambda line: None)
+        self._rng = np.random.default_rng(cfg.seed)
+        self.clock = 0.0
+        self.free_blocks = cfg.num_blocks
+        self.waiting: list[SimRequest] = []
+        self.running: list[SimRequest] = []
+        self.failed: str | None = None
+        self.peak_bytes = self.memory.idle_bytes
+        self.steps = 0
+        self._next_id = 0
+        self._check_startup()
+
+    # ----- start-up -------------------------------------------------------------------------
+    def _check_startup(self) -> None:
+        """Raise `StartupFailure` for the failures InfiniLM shows before serving."""
+        quirk = self.gpu.compile_failures.get(self.cfg.block_size)
+        if quirk and self.cfg.enable_graph:
+            raise StartupFailure(quirk, [
+                f"RuntimeError: {quirk}",
+                "RankWorker failed to initialize",
+                "Application startup failed. Exiting.",
+            ])
+        budget = self.knobs.max_num_batched_tokens
+        if budget is not None and not 1024 <= budget <= self.model.max_position_embeddings:
+            msg = (f"AssertionError: INFINILM_MAX_NUM_BATCHED_TOKENS={budget} must be in "
+                   f"[1024, {self.model.max_position_embeddings}] with paged attention")
+            raise StartupFailure(msg, [msg, "Application startup failed. Exiting."])
+        if not self.memory.fits_at_startup():
+            mib = self.memory.pool_bytes >> 20
+            raise StartupFailure("KV cache does not fit", [
+                f"Error Code 2 in cudaMalloc: out of memory allocating KV cache ({mib} MiB)",
+                "RankWorker failed to initialize",
+                "Application startup failed. Exiting.",
+            ])
+
+    # ----- requests -------------------------------------------------------------------------
+    def blocks_needed(self, prompt_len: int, max_tokens: int) -> int:
+        return math.ceil((prompt_len + max_tokens) / self.cfg.block_size)
+
+    def submit(self, prompt_len: int, max_tokens: int, arrival: float) -> SimRequest:
+        """Queue a request that reached the server at simulated time `arrival`.
+
+        A request that can never run (more blocks than the pool, or longer than the model's
+        context) fails at once with a reason instead of waiting forever as upstream would.
+        """
+        req = SimRequest(self._next_id, arrival, prompt_len, max_tokens)
+        self._next_id += 1
+        need = self.blocks_needed(prompt_len, max_tokens)
+        if need > self.cfg.num_blocks:
+            req.error = f"request needs {need} KV blocks, the pool has {self.cfg.num_blocks}"
+        elif prompt_len + max_tokens > self.model.max_position_embeddings:
+            req.error = "prompt + max_tokens exceeds max_position_embeddings"
+        if req.error:
+            req.finished = True
+        else:
+            self.waiting.append(req)
+        return req
+
+    def _is_long(self, req: SimRequest) -> bool:
+        threshold = self.knobs.long_context_threshold
+        if threshold is None:
+            return False
+        length = req.prompt_len + (req.max_tokens if self.knobs.long_context_use_total_len else 0)
+        return length >= threshold
+
+    # ----- scheduling -----------------------------------------------------------------------
+    def _pick_prefill(self) -> list[SimRequest]:
+        """Waiting requests (arrived by now) to prefill this step; reserves their blocks."""
+        k = self.knobs
+        long_cap = k.long_context_max_batch or math.inf
+        budget = k.max_num_batched_tokens or math.inf
+        batch: list[SimRequest] = []
+        tokens = n_long = 0
+        for req in self.waiting:
+            if len(batch) >= k.prefill_limit or req.arrival > self.clock:
+                break
+            long = self._is_long(req)
+            if long and (n_long >= long_cap or (k.decode_first_when_running and self.running)):
+                continue
+            if batch and tokens + req.prompt_len > budget:
+                break
+            need = self.blocks_needed(req.prompt_len, req.max_tokens)
+            if need > self.free_blocks:
+                if not req.deferred_logged:
+                    self._log(f"Insufficient KV cache blocks for request {req.rid}, deferring.")
+                    req.deferred_logged = True
+                break
+            self.free_blocks -= need
+            req.blocks = need
+            batch.append(req)
+            tokens += req.prompt_len
+            n_long += long
+        for req in batch:
+            self.waiting.remove(req)
+        return batch
+
+    def _pick_decode(self) -> list[SimRequest]:
+        """Running requests to decode this step, round-robin, within the caps."""
+        long_cap = self.knobs.long_context_max_batch or math.inf
+        batch: list[SimRequest] = []
+        n_long = 0
+        for req in self.running:
+            if len(batch) >= self.knobs.decode_limit:
+                break
+            long = self._is_long(req)
+            if long and n_long >= long_cap:
+                continue
+            batch.append(req)
+            n_long += long
+        return batch
+
+    # ----- stepping -------------------------------------------------------------------------
+    def _jitter(self, n: int) -> np.ndarray:
+        """Seeded multiplicative noise on step times (all ones without --jitter)."""
+        if self.cfg.jitter <= 0:
+            return np.ones(n)
+        return np.clip(1.0 + self.cfg.jitter * self._rng.standard_normal(n), 0.5, 2.0)
+
+    def _oom(self, peak: int, what: str) -> None:
+        need_mib = (peak - self.memory.capacity_bytes) >> 20
+        self.failed = f"cudaMalloc failed: out of memory during {what} (short by {need_mib} MiB)"
+        self.peak_bytes = max(self.peak_bytes, peak)
+        self._log("[rank 0] exception during forward: cudaMalloc failed: out of memory")
+        self._log("RankWorker stopped during run")
+        self._log(f"infinilm.llm.llm - ERROR - Error in step loop: {self.failed}")
+
+    def _finish(self, req: SimRequest) -> None:
+        req.finished = True
+        self.free_blocks += req.blocks
+        self.running.remove(req)
+
+    def _prefill(self, batch: list[SimRequest]) -> list[SimRequest]:
+        lens = [r.prompt_len for r in batch]
+        live = sum(r.context for r in self.running)
+        peak = self.memory.forward_peak(sum(lens), live)
+        if peak > self.memory.capacity_bytes:
+            self._oom(peak, f"prefill of {len(batch)} requests / {sum(lens)} tokens")
+            return []
+        self.peak_bytes = max(self.peak_bytes, peak)
+        self.clock += self.timer.prefill(lens) * float(self._jitter(1)[0])
+        self.steps += 1
+        done = []
+        for req in batch:
+            req.token_times.append(self.clock)
+            self.running.append(req)
+            if req.remaining == 0:
+                done.append(req)
+        for req in done:
+            self._finish(req)
+        return done
+
+    def _decode(self, batch: list[SimRequest], until: float) -> list[SimRequest]:
+        """Decode `batch` once, or many times in bulk when it is the whole running set."""
+        b = len(batch)
+        ctx0 = sum(r.context for r in batch)
+        live0 = sum(r.context for r in self.running)
+        steps = min(r.remaining for r in batch) if b == len(self.running) else 1
+        # Memory: the first step (if any) whose growing live context overflows the card.
+        slope = self.memory.resident_bytes_per_context_token * len(self.running)
+        head = self.memory.capacity_bytes - self.memory.forward_peak(b, live0)
+        oom_at = math.inf if head >= 0 and slope == 0 else (
+            0 if head < 0 else math.floor(head / slope) + 1)
+        run = min(steps, oom_at)
+        durations = self.timer.decode_run(b, ctx0, run) * self._jitter(run)
+        ends = self.clock + np.cumsum(durations)
+        starts = np.concatenate(([self.clock], ends[:-1]))
+        run = min(run, int(np.searchsorted(starts, until, side="right")))
+        if run == 0:  # only when the very first step overflows: `until` >= clock here
+            self._oom(self.memory.forward_peak(b, live0), f"decode of {b} requests")
+            return []
+        times = ends[:run].tolist()
+        self.peak_bytes = max(self.peak_bytes,
+                              self.memory.forward_peak(b, live0 + len(self.running) * (run - 1)))
+        self.clock = times[-1]
+        self.steps += run
+        for req in batch:
+            req.token_times.extend(times)
+        if b < len(self.running):
+            picked = set(map(id, batch))
+            self.running = [r for r in self.running if id(r) not in picked] + batch
+        done = [r for r in batch if r.remaining == 0]
+        for req in done:
+            self._finish(req)
+        if run == oom_at and not done and steps > run:
+            self._oom(self.memory.forward_peak(b, live0 + len(self.running) * run),
+                      f"decode of {b} requests")
+        return done
+
+    def idle(self) -> bool:
+        return not self.running and not self.waiting
+
+    def advance(self, until: float = math.inf) -> list[SimRequest]:
+        """Run steps that start no later than `until`; stop after a step that finished requests.
+
+        Returns the requests that finished (possibly none).  The clock ends at the end of the
+        last step, or at `until` when the engine had nothing to do.
+        """
+        while self.failed is None:
+            if not self.running:
+                first = min((r.arrival for r in self.waiting), default=math.inf)
+                if first > until:
+                    if until != math.inf:
+                        self.clock = max(self.clock, until)
+                    return []
+                self.clock = max(self.clock, first)
+            if self.clock > until:
+                return []
+            batch = self._pick_prefill()
+            if batch:
+                done = self._prefill(batch)
+            elif self.running:
+                done = self._decode(self._pick_decode(), until)
+                if not done and self.clock >= until:
+                    return []
+            else:
+                # Only deferred requests wait and nothing runs to free blocks: the engine hangs
+                # as upstream would (cannot happen: submit rejects requests larger than the pool).
+                return []
+            if done:
+                return done
+        return []

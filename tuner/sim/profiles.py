@@ -1,0 +1,67 @@
+"""GPU profiles: public spec numbers plus the efficiency factors and quirks the simulator uses.
+
+Spec numbers are the vendors' public figures: memory as `nvidia-smi` reports it (MiB), HBM/GDDR
+bandwidth, dense bf16 tensor TFLOPs (no sparsity).  The efficiency factors and overheads were
+calibrated on the RTX 4090 against the seed report (see `benchmarks/sim_calibration.py`) and are
+reused for the other cards: they describe how well InfiniLM's kernels use a GPU, which is a
+property of the software more than of the card.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from tuner.errors import UsageError
+
+MIB = 1 << 20
+
+
+@dataclass(frozen=True)
+class GpuProfile:
+    """One GPU model as the simulator sees it.
+
+    `compile_failures` maps a block size to the start-up error InfiniLM raised for it on this
+    card (the seed's RTX 4090 could not compile paged attention with graphs at block size 128).
+    """
+
+    name: str
+    memory_mib: int
+    hbm_gbps: float
+    bf16_tflops: float
+    bw_efficiency: float = 0.93
+    compute_efficiency: float = 0.85
+    graph_step_overhead_s: float = 0.0003
+    eager_step_overhead_s: float = 0.003
+    prefill_overhead_s: float = 0.006
+    compile_failures: dict[int, str] = field(default_factory=dict)
+
+    @property
+    def memory_bytes(self) -> int:
+        return self.memory_mib * MIB
+
+
+_4090_BS128 = (
+    "paged attention kernel compilation failed for block_size=128 with graphs enabled "
+    "(seen by the seed on RTX 4090, InfiniLM 7c1efb5)"
+)
+
+PROFILES: dict[str, GpuProfile] = {
+    p.name: p
+    for p in (
+        GpuProfile("rtx4090", 24564, 1008.0, 165.2, compile_failures={128: _4090_BS128}),
+        GpuProfile("rtx3090", 24576, 936.0, 71.0),
+        GpuProfile("l40s", 46068, 864.0, 362.0),
+        GpuProfile("a100-40g", 40960, 1555.0, 312.0),
+        GpuProfile("a100-80g", 81920, 2039.0, 312.0),
+        GpuProfile("h100-80g", 81559, 3350.0, 989.0),
+        GpuProfile("h200", 143771, 4800.0, 989.0),
+    )
+}
+
+
+def get_profile(name: str) -> GpuProfile:
+    """The profile called `name`; an unknown name is a `UsageError` listing the known ones."""
+    try:
+        return PROFILES[name]
+    except KeyError:
+        raise UsageError(f"unknown GPU profile '{name}' (known: {', '.join(PROFILES)})") from None
