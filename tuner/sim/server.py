@@ -1,0 +1,179 @@
+"""The simulated server's HTTP face: InfiniLM's OpenAI-style endpoints over aiohttp.
+
+One asyncio task advances the engine to "now" in simulated time (wall clock x time_scale) every
+~2 ms of wall time and wakes the request handlers, which send the tokens whose simulated time has
+come (one SSE chunk per request per tick, listing each token's `sim_t`).  The simulated-time
+protocol (`/health` "sim", `X-Tuner-Sim-Arrival`, per-chunk `sim_t`) is in docs/architecture.md.
+
+Failure behaves like InfiniLM's: after an out-of-memory forward the step loop is dead, /health
+answers 503, in-flight streams hang without an error chunk and new requests are accepted and
+hang.  Unlike InfiniLM, SIGTERM still exits promptly (handlers are cancelled after 0.5 s).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from typing import Any
+
+from aiohttp import web
+
+from tuner.sim.engine import Engine, SimRequest
+from tuner.sim.prompts import chat_prompt_tokens, completion_prompt_tokens
+
+TICK_S = 0.002
+SHUTDOWN_GRACE_S = 0.5
+
+
+class SimServer:
+    """Binds an `Engine` to the wall clock and serves it."""
+
+    def __init__(self, engine: Engine, time_scale: float, model_name: str,
+                 default_max_tokens: int) -> None:
+        self.engine = engine
+        self.time_scale = time_scale
+        self.model_name = model_name
+        self.default_max_tokens = default_max_tokens
+        self._wall0 = time.perf_counter()
+        self._tick = asyncio.Condition()
+
+    def sim_now(self) -> float:
+        return (time.perf_counter() - self._wall0) * self.time_scale
+
+    # ----- engine task ----------------------------------------------------------------------
+    async def run_engine(self) -> None:
+        """Advance the engine to the current simulated time, then wake the handlers; forever."""
+        while True:
+            now = self.sim_now()
+            while self.engine.failed is None and self.engine.advance(now):
+                pass
+            async with self._tick:
+                self._tick.notify_all()
+            await asyncio.sleep(TICK_S)
+
+    async def _next_tick(self) -> None:
+        async with self._tick:
+            await self._tick.wait()
+
+    # ----- endpoints ------------------------------------------------------------------------
+    async def health(self, _: web.Request) -> web.Response:
+        healthy = self.engine.failed is None
+        body = {"status": "healthy" if healthy else "unhealthy",
+                "sim": {"time_scale": self.time_scale}}
+        return web.json_response(body, status=200 if healthy else 503)
+
+    async def models(self, _: web.Request) -> web.Response:
+        return web.json_response({"object": "list", "data": [
+            {"id": self.model_name, "object": "model", "owned_by": "tuner-sim"}]})
+
+    async def chat(self, request: web.Request) -> web.StreamResponse:
+        return await self._complete(request, chat=True)
+
+    async def completions(self, request: web.Request) -> web.StreamResponse:
+        return await self._complete(request, chat=False)
+
+    async def _complete(self, request: web.Request, chat: bool) -> web.StreamResponse:
+        try:
+            body = await request.json()
+        except json.JSONDecodeError:
+            return _error(400, "request body is not JSON")
+        if not isinstance(body, dict):
+            return _error(400, "request body must be a JSON object")
+        prompt = (chat_prompt_tokens(body.get("messages")) if chat
+                  else completion_prompt_tokens(body.get("prompt", "")))
+        max_tokens = body.get("max_tokens") or body.get("max_completion_tokens") \
+            or self.default_max_tokens
+        if not isinstance(max_tokens, int) or max_tokens < 1:
+            return _error(400, "max_tokens must be a positive integer")
+        req = self.engine.submit(prompt, max_tokens, self.sim_now())
+        if req.error:
+            return _error(400, req.error)
+        model = body.get("model") or self.model_name
+        if body.get("stream"):
+            return await self._stream(request, req, model, chat)
+        while not req.finished:
+            await self._next_tick()
+        text = _text(req.generated)
+        choice: dict[str, Any] = ({"index": 0, "message": {"role": "assistant", "content": text},
+                                   "finish_reason": "length"} if chat else
+                                  {"index": 0, "text": text, "finish_reason": "length"})
+        return web.json_response(
+            {"id": f"sim-{req.rid}", "object": "chat.completion" if chat else "text_completion",
+             "model": model, "choices": [choice], "usage": _usage(req),
+             "sim_t": [round(t, 6) for t in req.token_times]},
+            headers={"X-Tuner-Sim-Arrival": repr(req.arrival)})
+
+    async def _stream(self, request: web.Request, req: SimRequest, model: str,
+                      chat: bool) -> web.StreamResponse:
+        resp = web.StreamResponse(headers={
+            "Content-Type": "text/event-stream", "Cache-Control": "no-cache",
+            "X-Tuner-Sim-Arrival": repr(req.arrival)})
+        await resp.prepare(request)
+        kind = "chat.completion.chunk" if chat else "text_completion"
+        sent = 0
+        while not (req.finished and sent == req.generated):
+            await self._next_tick()
+            now = self.sim_now()
+            ready = sent
+            while ready < req.generated and req.token_times[ready] <= now:
+                ready += 1
+            if ready == sent:
+                continue
+            times = req.token_times[sent:ready]
+            text = _text(ready - sent)
+            choice = ({"index": 0, "delta": {"content": text}, "finish_reason": None} if chat
+                      else {"index": 0, "text": text, "finish_reason": None})
+            await _send(resp, {"id": f"sim-{req.rid}", "object": kind, "model": model,
+                               "choices": [choice], "sim_t": [round(t, 6) for t in times]})
+            sent = ready
+        end = ({"index": 0, "delta": {}, "finish_reason": "length"} if chat
+               else {"index": 0, "text": "", "finish_reason": "length"})
+        await _send(resp, {"id": f"sim-{req.rid}", "object": kind, "model": model,
+                           "choices": [end], "usage": _usage(req)})
+        await resp.write(b"data: [DONE]\n\n")
+        await resp.write_eof()
+        return resp
+
+
+def _text(n_tokens: int) -> str:
+    """Generated text: one word per token, so a client that counts words counts tokens."""
+    return " tok" * n_tokens
+
+
+def _usage(req: SimRequest) -> dict[str, int]:
+    return {"prompt_tokens": req.prompt_len, "completion_tokens": req.generated,
+            "total_tokens": req.prompt_len + req.generated}
+
+
+async def _send(resp: web.StreamResponse, payload: dict[str, Any]) -> None:
+    await resp.write(b"data: " + json.dumps(payload).encode() + b"\n\n")
+
+
+def _error(status: int, message: str) -> web.Response:
+    return web.json_response({"error": {"message": message, "type": "invalid_request_error"}},
+                             status=status)
+
+
+def build_app(server: SimServer) -> web.Application:
+    """The aiohttp application, with the engine task tied to its lifetime."""
+    app = web.Application()
+
+    async def engine_task(_: web.Application):
+        task = asyncio.create_task(server.run_engine())
+        yield
+        task.cancel()
+
+    app.cleanup_ctx.append(engine_task)
+    app.router.add_get("/health", server.health)
+    app.router.add_get("/v1/models", server.models)
+    app.router.add_post("/v1/chat/completions", server.chat)
+    app.router.add_post("/v1/completions", server.completions)
+    return app
+
+
+def serve(server: SimServer, host: str, port: int) -> None:
+    """Serve until SIGINT/SIGTERM; in-flight (possibly hung) handlers get `SHUTDOWN_GRACE_S`."""
+    web.run_app(build_app(server), host=host, port=port, shutdown_timeout=SHUTDOWN_GRACE_S,
+                print=None, access_log=None, handler_cancellation=True)
+
