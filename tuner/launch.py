@@ -38,7 +38,10 @@ def free_port(host: str = "127.0.0.1") -> int:
 
 
 def port_is_free(port: int, host: str = "127.0.0.1") -> bool:
+    """Nobody listens on `port`.  SO_REUSEADDR, as servers use it: TIME_WAIT leftovers of
+    closed connections do not stop a new server from binding, so they do not count."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             s.bind((host, port))
         except OSError:
