@@ -298,8 +298,8 @@ class Engine:
                 if not done and self.clock >= until:
                     return []
             else:
-                # Only deferred requests wait and nothing runs to free blocks: the engine hangs
-                # as upstream would (cannot happen: submit rejects requests larger than the pool).
+                # Defensive: with nothing running every arrived head request fits and is not
+                # deferred, so this is unreachable; upstream would idle here, and so do we.
                 return []
             if done:
                 return done
