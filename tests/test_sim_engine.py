@@ -2,6 +2,7 @@
 
 import math
 import runpy
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -199,7 +200,6 @@ def test_open_loop_and_duration_cells():
 
 def test_calibration_script_passes():
     mod = runpy.run_path(str(ROOT / "benchmarks" / "sim_calibration.py"))
-    import sys
     argv, sys.argv = sys.argv, ["sim_calibration.py"]
     try:
         assert mod["main"]() == 0
