@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -51,39 +51,38 @@ def _record(req: SimRequest, failure: str | None) -> RequestRecord:
 
 def _run_cell(engine: Engine, cell: Cell, prompt_len: int, rng: np.random.Generator,
               log: list[str]) -> SimCellResult:
+    """Drive one cell like `vllm bench serve --max-concurrency`: closed loop (a new request as a
+    slot frees) or Poisson arrivals at `request_rate`, at most `concurrency` in flight; a request
+    that arrives while every slot is busy is sent when one frees."""
     start = engine.clock
     limit = cell.num_prompts if cell.num_prompts is not None else math.inf
     if limit == math.inf and cell.duration_s is None:
         limit = cell.concurrency
-    stop_sending = start + cell.duration_s if cell.duration_s is not None else math.inf
+    stop = start + cell.duration_s if cell.duration_s is not None else math.inf
     reqs: list[SimRequest] = []
     in_flight = 0
-    next_arrival = start
-
-    def send(at: float) -> None:
-        nonlocal in_flight, next_arrival
-        req = engine.submit(prompt_len, cell.output_len, at)
-        reqs.append(req)
-        in_flight += not req.finished
-        if cell.request_rate:
-            next_arrival = at + rng.exponential(1.0 / cell.request_rate)
-
+    next_arrival = slot_free = start
     while engine.failed is None:
-        can_send = len(reqs) < limit and in_flight < cell.concurrency
-        if cell.request_rate is None:
-            while can_send and engine.clock <= stop_sending:
-                send(engine.clock)
-                can_send = len(reqs) < limit and in_flight < cell.concurrency
-            until = math.inf
-        else:
-            until = max(next_arrival, engine.clock) if can_send else math.inf
-            if can_send and until <= engine.clock and until <= stop_sending:
-                send(until)
+        may_send = len(reqs) < limit and in_flight < cell.concurrency
+        at = max(next_arrival, slot_free) if cell.request_rate else engine.clock
+        if may_send and at <= stop:
+            if at <= engine.clock:
+                req = engine.submit(prompt_len, cell.output_len, at)
+                reqs.append(req)
+                in_flight += not req.finished
+                if cell.request_rate:
+                    next_arrival += rng.exponential(1.0 / cell.request_rate)
                 continue
-        if in_flight == 0 and (not can_send or until > stop_sending):
+            until = at
+        elif in_flight == 0:
             break
-        done = engine.advance(min(until, stop_sending) if until != math.inf else until)
+        else:
+            until = math.inf
+        full = in_flight == cell.concurrency
+        done = engine.advance(until)
         in_flight -= len(done)
+        if done and full:
+            slot_free = engine.clock
     end = max([start] + [r.token_times[-1] for r in reqs if r.token_times])
     if engine.failed is not None:
         end = max(end, engine.clock)
@@ -113,7 +112,7 @@ def simulate(model_dir: str, gpu: str, argv: Sequence[str], env: Mapping[str, st
         args += ["--model", str(model_dir)]
     cfg = parse_config(args, env)
     log: list[str] = []
-    engine = Engine(load_model_info(model_dir), get_profile(gpu), _with_seed(cfg, seed), log.append)
+    engine = Engine(load_model_info(model_dir), get_profile(gpu), replace(cfg, seed=seed), log.append)
     prompt_extra = CHAT_TEMPLATE_TOKENS if api == "chat" else 0
     rng = np.random.default_rng(seed)
     results = []
@@ -127,8 +126,3 @@ def simulate(model_dir: str, gpu: str, argv: Sequence[str], env: Mapping[str, st
             continue
         results.append(_run_cell(engine, cell, cell.input_len + prompt_extra, rng, log))
     return results
-
-
-def _with_seed(cfg, seed: int):
-    from dataclasses import replace
-    return replace(cfg, seed=seed)

@@ -240,11 +240,10 @@ class Engine:
         ctx0 = sum(r.context for r in batch)
         live0 = sum(r.context for r in self.running)
         steps = min(r.remaining for r in batch) if b == len(self.running) else 1
-        # Memory: the first step (if any) whose growing live context overflows the card.
+        # Memory: the first step whose growing live context would overflow the card.
         slope = self.memory.resident_bytes_per_context_token * len(self.running)
         head = self.memory.capacity_bytes - self.memory.forward_peak(b, live0)
-        oom_at = math.inf if head >= 0 and slope == 0 else (
-            0 if head < 0 else math.floor(head / slope) + 1)
+        oom_at = 0 if head < 0 else math.floor(head / slope) + 1
         run = min(steps, oom_at)
         durations = self.timer.decode_run(b, ctx0, run) * self._jitter(run)
         ends = self.clock + np.cumsum(durations)
@@ -298,8 +297,8 @@ class Engine:
                 if not done and self.clock >= until:
                     return []
             else:
-                # Only deferred requests wait and nothing runs to free blocks: the engine hangs
-                # as upstream would (cannot happen: submit rejects requests larger than the pool).
+                # Defensive: with nothing running every arrived head request fits and is not
+                # deferred, so this is unreachable; upstream would idle here, and so do we.
                 return []
             if done:
                 return done

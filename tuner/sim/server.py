@@ -92,7 +92,7 @@ class SimServer:
         model = body.get("model") or self.model_name
         if body.get("stream"):
             return await self._stream(request, req, model, chat)
-        while not req.finished:
+        while not (req.finished and req.token_times[-1] <= self.sim_now()):
             await self._next_tick()
         text = _text(req.generated)
         choice: dict[str, Any] = ({"index": 0, "message": {"role": "assistant", "content": text},

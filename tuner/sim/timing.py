@@ -5,7 +5,8 @@ plus attention.  Small forwards (decode) are bound by the bytes, large prefills 
 transition is modelled additively (bytes time + FLOPs time + fixed overhead), which matches the
 seed's RTX 4090 figures at both ends: single-stream TPOT 17.5-18.3 ms (16.06 GB of bf16 weights
 at 1008 GB/s x 0.93) and TTFT 32 / 59 / 530 ms at 32 / 256 / 4096 words (165 TFLOPs x 0.85).
-Graphs remove most per-step launch overhead (0.3 ms instead of 3 ms).
+Graphs remove most per-step launch overhead (0.3 ms instead of 3 ms).  With tensor parallel
+`tp`, bytes and FLOPs split evenly over the GPUs; the all-reduce traffic is not modelled.
 """
 
 from __future__ import annotations
