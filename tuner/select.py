@@ -22,7 +22,6 @@ import statistics
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
 import optuna
 from optuna.trial import FrozenTrial, TrialState
@@ -207,8 +206,3 @@ def choose(study: optuna.Study, pick: str = "knee", slo: Sequence[SloTerm] = ())
     rule = f"{pick}{' within --slo' if slo else ''}" + (f", tie of {len(tied)} broken by robustness"
                                                           if len(tied) > 1 else "")
     return Choice(winner, front, rule)
-
-
-def trial_summary(trial: FrozenTrial, objectives: Sequence[Objective]) -> dict[str, Any]:
-    """The objective metrics of a trial as {metric: value}, for headers and messages."""
-    return {o.metric: v for o, v in zip(objectives, trial.values or [])}
