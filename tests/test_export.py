@@ -118,3 +118,10 @@ def test_help_documents_slo_syntax_and_env_rule(capsys):
         run_cli(["export", "--help"])
     out = capsys.readouterr().out
     assert "cell:c<C>_i<I>_o<O>" in out and "[A-Za-z0-9_./:,=+@%-]" in out and "knee" in out
+
+
+def test_study_without_flag_params_is_refused(tmp_path, capsys):
+    study = make_study_dir(tmp_path / "studies")
+    study.set_user_attr("flag_params", None)
+    assert run_cli(["export", "--studies-dir", str(tmp_path / "studies")]) == 2
+    assert "no user_attr flag_params" in capsys.readouterr().err

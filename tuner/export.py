@@ -47,19 +47,15 @@ def _flag_tokens(argv: Sequence[str], flag: str) -> list[str]:
     return []
 
 
-def tuned_env(trial: FrozenTrial, env_params: Mapping[str, str] | None) -> dict[str, str]:
-    """The env vars of the tuned parameters as the server got them (all of `env` if unknown)."""
+def tuned_env(trial: FrozenTrial, env_params: Mapping[str, str]) -> dict[str, str]:
+    """The env vars of the tuned parameters as the server got them (unset ones left out)."""
     env = {str(k): str(v) for k, v in (trial.user_attrs.get("env") or {}).items()}
-    if env_params is None:
-        return env
     return {var: env[var] for var in env_params.values() if var in env}
 
 
-def tuned_args(trial: FrozenTrial, flag_params: Mapping[str, str] | None) -> list[str]:
+def tuned_args(trial: FrozenTrial, flag_params: Mapping[str, str]) -> list[str]:
     """The argv tokens of the tuned flag parameters, in the order the server got them."""
     argv = [str(a) for a in trial.user_attrs.get("argv") or []]
-    if not flag_params:
-        return []
     found = []
     for flag in flag_params.values():
         toks = _flag_tokens(argv, flag)
@@ -75,6 +71,11 @@ def build(study: optuna.Study, choice: Choice, *, now: _dt.datetime | None = Non
     attrs = study.user_attrs
     if "argv" not in trial.user_attrs and "env" not in trial.user_attrs:
         raise UsageError(f"trial {trial.number} has no argv/env user_attrs; was it run by the tuner?")
+    for key in ("flag_params", "env_params"):
+        if not isinstance(attrs.get(key), dict):
+            raise UsageError(f"study {study.study_name!r} has no user_attr {key} (param -> "
+                             f"{'flag' if key == 'flag_params' else 'env var'}), so the tuned knobs "
+                             "cannot be told apart from the fixed ones")
     objectives = study_objectives(study)
     provenance = {
         "tuner_version": attrs.get("tuner_version", tuner.__version__),
@@ -94,8 +95,8 @@ def build(study: optuna.Study, choice: Choice, *, now: _dt.datetime | None = Non
         "metrics": dict(trial.user_attrs.get("metrics") or {}),
         "launch": envfile.server_args_line(trial.user_attrs.get("argv") or []),
     }
-    return ExportConfig(env=tuned_env(trial, attrs.get("env_params")),
-                        server_args=tuned_args(trial, attrs.get("flag_params")),
+    return ExportConfig(env=tuned_env(trial, attrs["env_params"]),
+                        server_args=tuned_args(trial, attrs["flag_params"]),
                         params=dict(trial.params), provenance=provenance)
 
 

@@ -61,70 +61,92 @@ def pareto_front(trials: Sequence[FrozenTrial], objectives: Sequence[Objective],
     """Each pair of objectives, every trial coloured by outcome; Pareto set ringed, pick starred."""
     done = [t for t in trials if t.state == TrialState.COMPLETE and t.values is not None]
     pairs = list(itertools.combinations(range(len(objectives)), 2)) or [(0, 0)]
-    fig = make_subplots(rows=1, cols=len(pairs), horizontal_spacing=0.08)
+    cols = min(3, len(pairs))
+    rows = -(-len(pairs) // cols)
+    fig = make_subplots(rows=rows, cols=cols, horizontal_spacing=0.08, vertical_spacing=0.15)
     axes = {i: _axis_values(done, i, o) for i, o in enumerate(objectives)}
-    for col, (a, b) in enumerate(pairs, 1):
+    for n, (a, b) in enumerate(pairs):
+        row, col = n // cols + 1, n % cols + 1
         xs = axes[a] if a != b else [t.number for t in done]
         ys = axes[b]
         for name in dict.fromkeys(label(t) for t in done):
             idx = [k for k, t in enumerate(done) if label(t) == name]
             fig.add_trace(go.Scatter(
                 x=[xs[k] for k in idx], y=[ys[k] for k in idx], mode="markers", name=name,
-                legendgroup=name, showlegend=col == 1,
+                legendgroup=name, showlegend=n == 0,
                 marker=dict(color=_color(name), size=9, symbol="circle" if name.startswith("ok") else "x"),
-                text=[_hover(done[k], objectives) for k in idx], hoverinfo="text"), row=1, col=col)
+                text=[_hover(done[k], objectives) for k in idx], hoverinfo="text"), row=row, col=col)
         for name, nums, marker in (("Pareto set", set(pareto), dict(size=16, color="rgba(0,0,0,0)",
                                                                       line=dict(color="#1f77b4", width=2))),
                                    ("chosen", {chosen}, dict(size=20, symbol="star", color="#1f77b4"))):
             idx = [k for k, t in enumerate(done) if t.number in nums]
             fig.add_trace(go.Scatter(x=[xs[k] for k in idx], y=[ys[k] for k in idx], mode="markers",
-                                     name=name, legendgroup=name, showlegend=col == 1, marker=marker,
-                                     hoverinfo="skip"), row=1, col=col)
-        fig.update_xaxes(title_text=objectives[a].metric if a != b else "trial", row=1, col=col)
-        fig.update_yaxes(title_text=objectives[b].metric, row=1, col=col)
+                                     name=name, legendgroup=name, showlegend=n == 0, marker=marker,
+                                     hoverinfo="skip"), row=row, col=col)
+        fig.update_xaxes(title_text=objectives[a].metric if a != b else "trial", row=row, col=col)
+        fig.update_yaxes(title_text=objectives[b].metric, row=row, col=col)
     fig.update_layout(title="Pareto front (colour = outcome; failures drawn at the worst edge, x)",
-                      height=450)
+                      height=80 + 370 * rows)
     return fig
 
 
+def _measured_study(study: optuna.Study, objectives: Sequence[Objective], *, lower_is_better: bool
+                    ) -> tuple[optuna.Study, list[FrozenTrial]]:
+    """An in-memory study of the trials that ran ok (failures only hold worst-case sentinels).
+
+    With lower_is_better, maximised objectives are negated and every direction is minimise.
+    """
+    ok = [t for t in study.get_trials(deepcopy=False) if _measured(t)]
+    verbosity = optuna.logging.get_verbosity()
+    optuna.logging.set_verbosity(optuna.logging.WARNING)  # no "new study created" line per report
+    try:
+        copy = optuna.create_study(directions=["minimize"] * len(objectives) if lower_is_better
+                                   else study.directions)
+    finally:
+        optuna.logging.set_verbosity(verbosity)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        copy.set_metric_names([o.metric for o in objectives])
+    if lower_is_better:
+        signs = [-1.0 if o.maximize else 1.0 for o in objectives]
+        copy.add_trials([optuna.create_trial(values=[s * v for s, v in zip(signs, t.values)], params=t.params,
+                                             distributions=t.distributions) for t in ok])
+    else:
+        copy.add_trials(ok)
+    return copy, ok
+
+
 def optimization_history(study: optuna.Study, objectives: Sequence[Objective]) -> go.Figure:
-    """optuna's history plot of the first objective (infeasible trials shown apart)."""
+    """optuna's history plot of the first objective over the ok trials (SLO misses shown apart)."""
+    copy, ok = _measured_study(study, objectives, lower_is_better=False)
+    if not ok:
+        return _note("Optimisation history", "no trial ran ok")
     fig = optuna.visualization.plot_optimization_history(
-        study, target=lambda t: t.values[0], target_name=objectives[0].metric)
-    fig.update_layout(title=f"Optimisation history: {objectives[0]}", height=400)
+        copy, target=lambda t: t.values[0], target_name=objectives[0].metric)
+    # the copy renumbers trials from 0; put the study's own numbers back on the x axis
+    for trace in fig.data:
+        if trace.x is not None:
+            trace.x = [ok[int(x)].number for x in trace.x]
+    fig.update_layout(title=f"Optimisation history: {objectives[0]} (ok trials)", height=400)
     return fig
 
 
 def param_importances(study: optuna.Study, objectives: Sequence[Objective]) -> go.Figure:
-    """PED-ANOVA importances per objective over the ok trials (failures would measure the sentinel).
+    """optuna's importance plot (PED-ANOVA, no scikit-learn needed) per objective, ok trials only.
 
-    PED-ANOVA (optuna's default, no scikit-learn needed) ranks what it takes to reach *low*
-    targets, so maximised objectives are negated.
+    PED-ANOVA ranks what it takes to reach *low* targets, so maximised objectives are negated.
     """
-    ok = [t for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)) if _measured(t)]
-    varying = [p for p in {k for t in ok for k in t.params}
-               if len({repr(t.params.get(p)) for t in ok}) > 1 and all(p in t.params for t in ok)]
+    copy, ok = _measured_study(study, objectives, lower_is_better=True)
+    varying = sorted(p for p in {k for t in ok for k in t.params}
+                     if len({repr(t.params.get(p)) for t in ok}) > 1 and all(p in t.params for t in ok))
     if len(ok) < 2 or not varying:
         return _note("Parameter importances", f"needs 2+ ok trials with varying params (have {len(ok)})")
-    verbosity = optuna.logging.get_verbosity()
-    optuna.logging.set_verbosity(optuna.logging.WARNING)  # no "new study created" line per report
-    try:
-        copy = optuna.create_study(directions=study.directions)
-    finally:
-        optuna.logging.set_verbosity(verbosity)
-    copy.add_trials(ok)
-    fig = go.Figure()
-    for i, obj in enumerate(objectives):
-        sign = -1.0 if obj.maximize else 1.0
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", UserWarning)  # the "low target" reminder, handled by sign
-            imp = optuna.importance.get_param_importances(
-                copy, evaluator=PedAnovaImportanceEvaluator(), params=sorted(varying),
-                target=lambda t, i=i, sign=sign: sign * t.values[i])
-        names = list(imp)[::-1]
-        fig.add_trace(go.Bar(x=[imp[n] for n in names], y=names, orientation="h", name=obj.metric))
-    fig.update_layout(title="Parameter importances (PED-ANOVA over ok trials)", barmode="group",
-                      xaxis_title="importance", height=120 + 60 * len(varying))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # the "low target" reminder, handled above
+        fig = optuna.visualization.plot_param_importances(
+            copy, evaluator=PedAnovaImportanceEvaluator(), params=varying)
+    fig.update_layout(title="Parameter importances (PED-ANOVA over ok trials)",
+                      height=160 + 60 * len(varying))
     return fig
 
 
