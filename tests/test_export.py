@@ -3,16 +3,19 @@
 from __future__ import annotations
 
 import json
-import random
 import os
+import random
 import time
 
 import optuna
 import pytest
 import yaml
+from optuna.distributions import CategoricalDistribution, IntDistribution
+from optuna.trial import create_trial
 
 from tests.fakestudy import make_study_dir, make_trial, run_cli
 from tuner import envfile
+from tuner.export import tuned_args
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 
@@ -125,3 +128,13 @@ def test_study_without_flag_params_is_refused(tmp_path, capsys):
     study.set_user_attr("flag_params", None)
     assert run_cli(["export", "--studies-dir", str(tmp_path / "studies")]) == 2
     assert "no user_attr flag_params" in capsys.readouterr().err
+
+
+def test_flag_tokens_follow_the_rendered_argv():
+    trial = create_trial(
+        values=[1.0], params={"blocks": 64, "graph": True, "eager": False, "size": 16},
+        distributions={"blocks": IntDistribution(1, 100), "graph": CategoricalDistribution([False, True]),
+                       "eager": CategoricalDistribution([False, True]), "size": IntDistribution(1, 100)},
+        user_attrs={"argv": ["srv", "--tp", "1", "--graph", "--blocks=64", "--size", "16"]})
+    flags = {"blocks": "--blocks", "graph": "--graph", "eager": "--eager", "size": "--size"}
+    assert tuned_args(trial, flags) == ["--graph", "--blocks=64", "--size", "16"]

@@ -85,7 +85,8 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def test_serve_runs_in_the_foreground_until_ctrl_c(studies):
+def test_serve_runs_in_the_foreground_until_ctrl_c_and_shows_the_figures(studies):
+    assert run_cli(["inspect", "--studies-dir", str(studies)]) == 0  # stores the figures
     port = _free_port()
     code = ("import sys; from tests.fakestudy import run_cli; "
             f"sys.exit(run_cli(['inspect', '--studies-dir', {str(studies)!r}, '--serve', '--port', '{port}']))")
@@ -100,6 +101,10 @@ def test_serve_runs_in_the_foreground_until_ctrl_c(studies):
                 assert proc.poll() is None, proc.communicate()
                 time.sleep(0.1)
         assert b"demo" in body
+        study_id = json.loads(body)["study_summaries"][0]["study_id"]
+        detail = json.loads(urllib.request.urlopen(f"http://127.0.0.1:{port}/api/studies/{study_id}", timeout=10).read())
+        ids = {g["id"] for g in detail["plotly_graph_objects"]}
+        assert {"tuner-pareto", "tuner-failures", "tuner-cells"} <= ids
         proc.send_signal(signal.SIGINT)
         assert proc.wait(timeout=20) == 0
     finally:

@@ -54,11 +54,18 @@ def tuned_env(trial: FrozenTrial, env_params: Mapping[str, str]) -> dict[str, st
 
 
 def tuned_args(trial: FrozenTrial, flag_params: Mapping[str, str]) -> list[str]:
-    """The argv tokens of the tuned flag parameters, in the order the server got them."""
+    """The argv tokens of the tuned flag parameters, in the order the server got them.
+
+    A bool param is a switch (present or absent), so only its flag is taken; others take the
+    flag's value too (`--flag value` or `--flag=value`, as rendered).
+    """
     argv = [str(a) for a in trial.user_attrs.get("argv") or []]
     found = []
-    for flag in flag_params.values():
-        toks = _flag_tokens(argv, flag)
+    for param, flag in flag_params.items():
+        if isinstance(trial.params.get(param), bool):
+            toks = [flag] if flag in argv else []
+        else:
+            toks = _flag_tokens(argv, flag)
         if toks:
             pos = max(i for i, a in enumerate(argv) if a == toks[0])
             found.append((pos, toks))
