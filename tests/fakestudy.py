@@ -93,6 +93,8 @@ def make_trial(number: int, params: dict[str, Any], *, outcome: str = "ok", rng:
         attrs.update(reason="", metrics=metrics, cells=cells)
         for key, limit in SLO.items():
             constraints[f"slo:{key}"] = (metrics[key] - limit) / limit
+        if any(v > 0 for v in constraints.values()):
+            attrs["outcome"] = "slo"  # the server ran, an SLO was missed: real values, infeasible
     else:
         values = list(WORST)
         attrs.update(reason=f"{outcome}: cudaMalloc failed: out of memory" if outcome == "oom"

@@ -38,6 +38,15 @@ def test_env_export_has_provenance_env_and_args(studies, capsys):
     assert "wrote " in capsys.readouterr().err
 
 
+def test_simulated_studies_say_so(tmp_path, capsys):
+    study = make_study_dir(tmp_path / "studies")
+    assert run_cli(["export", "--studies-dir", str(tmp_path / "studies"), "-o", "-"]) == 0
+    assert "simulator" not in capsys.readouterr().out
+    study.set_user_attr("simulated", True)
+    assert run_cli(["export", "--studies-dir", str(tmp_path / "studies"), "-o", "-"]) == 0
+    assert "# WARNING: measured on the simulator" in capsys.readouterr().out
+
+
 def test_values_are_what_the_server_got(studies):
     assert run_cli(["export", "--studies-dir", str(studies), "--format", "json", "-o", str(studies / "b.json")]) == 0
     doc = json.loads((studies / "b.json").read_text())

@@ -97,6 +97,7 @@ def build(study: optuna.Study, choice: Choice, *, now: _dt.datetime | None = Non
         "space": attrs.get("space"),
         "space_file": attrs.get("space_file"),
         "workload": attrs.get("workload"),
+        "simulated": bool(attrs.get("simulated", False)),
         "objectives": [str(o) for o in objectives],
         "values": {o.metric: v for o, v in zip(objectives, trial.values or [])},
         "metrics": dict(trial.user_attrs.get("metrics") or {}),
@@ -119,6 +120,7 @@ def env_header(cfg: ExportConfig) -> list[str]:
              f"study tuner version: {p['tuner_version']}",
              f"model: {p['model']}", f"gpu: {p['gpu']}",
              f"search space: {p['space']} ({p['space_file']})  workload: {p['workload']}",
+             *(["WARNING: measured on the simulator, not on a real server"] if p["simulated"] else []),
              "objectives: " + ", ".join(f"{k}={_fmt(v)}" for k, v in p["values"].items())]
     metrics = p["metrics"]
     for i in range(0, len(metrics), 4):

@@ -19,11 +19,10 @@ from optuna.importance import PedAnovaImportanceEvaluator
 from optuna.trial import FrozenTrial, TrialState
 from plotly.subplots import make_subplots
 
-from tuner.select import Objective, outcome
-from tuner.select import outcome_label as label
+from tuner.select import Objective, is_measured, outcome
 from tuner.slospec import cell_id
 
-OUTCOME_COLORS = {"ok": "#2ca02c", "ok, misses SLO": "#bcbd22", "slo": "#bcbd22", "oom": "#d62728",
+OUTCOME_COLORS = {"ok": "#2ca02c", "slo": "#bcbd22", "oom": "#d62728",
                   "crash": "#000000", "unhealthy": "#ff7f0e", "hang": "#9467bd", "startup": "#8c564b",
                   "skipped": "#7f7f7f"}
 CELL_METRICS = ("output_throughput", "p99_ttft_ms", "p99_tpot_ms", "mean_ttft_ms", "mean_tpot_ms")
@@ -33,22 +32,18 @@ def _color(name: str) -> str:
     return OUTCOME_COLORS.get(name, "#17becf")
 
 
-def _measured(trial: FrozenTrial) -> bool:
-    return trial.state == TrialState.COMPLETE and outcome(trial) == "ok" and trial.values is not None
-
-
 def _axis_values(trials: Sequence[FrozenTrial], i: int, obj: Objective) -> list[float]:
     """Objective i per trial; unmeasured trials placed 5% beyond the worst measured value."""
-    seen = [t.values[i] for t in trials if _measured(t)] or [0.0, 1.0]
+    seen = [t.values[i] for t in trials if is_measured(t)] or [0.0, 1.0]
     lo, hi = min(seen), max(seen)
     pad = 0.05 * ((hi - lo) or abs(hi) or 1.0)
     edge = lo - pad if obj.maximize else hi + pad
-    return [t.values[i] if _measured(t) else edge for t in trials]
+    return [t.values[i] if is_measured(t) else edge for t in trials]
 
 
 def _hover(t: FrozenTrial, objectives: Sequence[Objective]) -> str:
-    head = f"trial {t.number}: {label(t)}"
-    if not _measured(t):
+    head = f"trial {t.number}: {outcome(t)}"
+    if not is_measured(t):
         reason = str(t.user_attrs.get("reason", ""))[:120]
         return f"{head}<br>not measured (worst-case values){'<br>' + reason if reason else ''}"
     vals = "<br>".join(f"{o.metric}={v:.4g}" for o, v in zip(objectives, t.values))
@@ -69,12 +64,12 @@ def pareto_front(trials: Sequence[FrozenTrial], objectives: Sequence[Objective],
         row, col = n // cols + 1, n % cols + 1
         xs = axes[a] if a != b else [t.number for t in done]
         ys = axes[b]
-        for name in dict.fromkeys(label(t) for t in done):
-            idx = [k for k, t in enumerate(done) if label(t) == name]
+        for name in dict.fromkeys(outcome(t) for t in done):
+            idx = [k for k, t in enumerate(done) if outcome(t) == name]
             fig.add_trace(go.Scatter(
                 x=[xs[k] for k in idx], y=[ys[k] for k in idx], mode="markers", name=name,
                 legendgroup=name, showlegend=n == 0,
-                marker=dict(color=_color(name), size=9, symbol="circle" if name.startswith("ok") else "x"),
+                marker=dict(color=_color(name), size=9, symbol="circle" if name in ("ok", "slo") else "x"),
                 text=[_hover(done[k], objectives) for k in idx], hoverinfo="text"), row=row, col=col)
         for name, nums, marker in (("Pareto set", set(pareto), dict(size=16, color="rgba(0,0,0,0)",
                                                                       line=dict(color="#1f77b4", width=2))),
@@ -96,7 +91,7 @@ def _measured_study(study: optuna.Study, objectives: Sequence[Objective], *, low
 
     With lower_is_better, maximised objectives are negated and every direction is minimise.
     """
-    ok = [t for t in study.get_trials(deepcopy=False) if _measured(t)]
+    ok = [t for t in study.get_trials(deepcopy=False) if is_measured(t)]
     verbosity = optuna.logging.get_verbosity()
     optuna.logging.set_verbosity(optuna.logging.WARNING)  # no "new study created" line per report
     try:
@@ -159,11 +154,11 @@ def failure_map(trials: Sequence[FrozenTrial]) -> go.Figure:
     rows = -(-len(params) // cols)
     fig = make_subplots(rows=rows, cols=cols, subplot_titles=params, vertical_spacing=0.12)
     rng = random.Random(0)
-    order = list(dict.fromkeys(sorted((label(t) for t in trials), key=lambda n: (n != "ok", n))))
+    order = list(dict.fromkeys(sorted((outcome(t) for t in trials), key=lambda n: (n != "ok", n))))
     for n, p in enumerate(params):
         row, col = n // cols + 1, n % cols + 1
         for name in order:
-            sub = [t for t in trials if label(t) == name and p in t.params]
+            sub = [t for t in trials if outcome(t) == name and p in t.params]
             if not sub:
                 continue
             fig.add_trace(go.Scatter(
@@ -223,10 +218,10 @@ def memory_headroom(trials: Sequence[FrozenTrial]) -> go.Figure | None:
     if not pts:
         return None
     with_seen = any(s is not None for _, _, s in pts)
-    order = sorted({label(t) for t, _, _ in pts}, key=lambda n: (n != "ok", n))
+    order = sorted({outcome(t) for t, _, _ in pts}, key=lambda n: (n != "ok", n))
     fig = go.Figure()
     for name in order:
-        sub = [p for p in pts if label(p[0]) == name]
+        sub = [p for p in pts if outcome(p[0]) == name]
         ys = [s if with_seen else order.index(name) for _, _, s in sub]
         fig.add_trace(go.Scatter(x=[p for _, p, _ in sub], y=ys, mode="markers", name=name,
                                  marker=dict(color=_color(name), size=9),
