@@ -23,6 +23,9 @@ from tuner.errors import UsageError
 from tuner.select import Choice, study_objectives
 
 FORMATS = ("env", "json", "yaml")
+# metrics worth a header line; json/yaml carry them all
+HEADER_METRICS = ("output_throughput", "request_throughput", "mean_ttft_ms", "p99_ttft_ms", "mean_tpot_ms",
+                  "p99_tpot_ms", "p99_itl_ms", "p99_e2el_ms", "completed", "failed")
 
 
 @dataclass
@@ -122,9 +125,9 @@ def env_header(cfg: ExportConfig) -> list[str]:
              f"search space: {p['space']} ({p['space_file']})  workload: {p['workload']}",
              *(["WARNING: measured on the simulator, not on a real server"] if p["simulated"] else []),
              "objectives: " + ", ".join(f"{k}={_fmt(v)}" for k, v in p["values"].items())]
-    metrics = p["metrics"]
-    for i in range(0, len(metrics), 4):
-        lines.append("metrics: " + ", ".join(f"{k}={_fmt(v)}" for k, v in list(metrics.items())[i:i + 4]))
+    shown = [(k, p["metrics"][k]) for k in HEADER_METRICS if k in p["metrics"]]
+    for i in range(0, len(shown), 4):
+        lines.append("metrics: " + ", ".join(f"{k}={_fmt(v)}" for k, v in shown[i:i + 4]))
     lines += ["params: " + ", ".join(f"{k}={v}" for k, v in cfg.params.items()),
               f"launch (as tried): {p['launch']}",
               f"{envfile.SERVER_ARGS_VAR} holds the tuned server flags comma-separated (no spaces, so",

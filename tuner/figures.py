@@ -24,7 +24,7 @@ from tuner.slospec import cell_id
 
 OUTCOME_COLORS = {"ok": "#2ca02c", "slo": "#bcbd22", "oom": "#d62728",
                   "crash": "#000000", "unhealthy": "#ff7f0e", "hang": "#9467bd", "startup": "#8c564b",
-                  "skipped": "#7f7f7f"}
+                  "skipped": "#7f7f7f", "rejected": "#e377c2", "interrupted": "#aec7e8"}
 CELL_METRICS = ("output_throughput", "p99_ttft_ms", "p99_tpot_ms", "mean_ttft_ms", "mean_tpot_ms")
 
 
