@@ -93,6 +93,8 @@ def make_trial(number: int, params: dict[str, Any], *, outcome: str = "ok", rng:
         attrs.update(reason="", metrics=metrics, cells=cells)
         for key, limit in SLO.items():
             constraints[f"slo:{key}"] = (metrics[key] - limit) / limit
+        if any(v > 0 for v in constraints.values()):
+            attrs["outcome"] = "slo"  # the server ran, an SLO was missed: real values, infeasible
     else:
         values = list(WORST)
         attrs.update(reason=f"{outcome}: cudaMalloc failed: out of memory" if outcome == "oom"
@@ -141,3 +143,23 @@ def make_study_dir(studies_dir: Path, name: str = "demo", **kwargs: Any) -> optu
     folder = studies_dir / name
     (folder / "trials").mkdir(parents=True, exist_ok=True)
     return make_study(f"sqlite:///{folder / 'study.db'}", name, study_dir=folder, **kwargs)
+
+
+def run_cli(argv: list[str]) -> int:
+    """Run export/inspect as the front door does: UsageError -> one line on stderr, exit 2."""
+    import argparse
+    import sys
+
+    from tuner.commands import export, inspect
+    from tuner.errors import UsageError
+
+    parser = argparse.ArgumentParser(prog="tuner")
+    sub = parser.add_subparsers(dest="command", required=True)
+    export.add_parser(sub)
+    inspect.add_parser(sub)
+    args = parser.parse_args(argv)
+    try:
+        return args.func(args)
+    except UsageError as exc:
+        print(f"tuner: error: {exc}", file=sys.stderr)
+        return 2

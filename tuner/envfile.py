@@ -5,7 +5,7 @@ docker keeps the rest of the line after `=` verbatim (quotes included); systemd 
 backslash escapes and trims whitespace; bash `set -a; . best.env` runs a line with an unquoted
 space as a command and expands `$`, backticks and `~`.  So every line is one of
 
-    # comment      -- printable ASCII without backslash (systemd continues a comment ending in `\`)
+    # comment      -- printable ASCII without backslash (systemd continues a comment that ends in a backslash)
     KEY=VALUE      -- KEY matches [A-Za-z_][A-Za-z0-9_]* and is not a name bash treats specially;
                       VALUE matches [A-Za-z0-9_./:,=+@%-]* (no quotes, spaces, `$`, backticks,
                       backslashes, `~`, `#`, `;`, newlines)

@@ -23,6 +23,9 @@ from tuner.errors import UsageError
 from tuner.select import Choice, study_objectives
 
 FORMATS = ("env", "json", "yaml")
+# metrics worth a header line; json/yaml carry them all
+HEADER_METRICS = ("output_throughput", "request_throughput", "mean_ttft_ms", "p99_ttft_ms", "mean_tpot_ms",
+                  "p99_tpot_ms", "p99_itl_ms", "p99_e2el_ms", "completed", "failed")
 
 
 @dataclass
@@ -47,22 +50,25 @@ def _flag_tokens(argv: Sequence[str], flag: str) -> list[str]:
     return []
 
 
-def tuned_env(trial: FrozenTrial, env_params: Mapping[str, str] | None) -> dict[str, str]:
-    """The env vars of the tuned parameters as the server got them (all of `env` if unknown)."""
+def tuned_env(trial: FrozenTrial, env_params: Mapping[str, str]) -> dict[str, str]:
+    """The env vars of the tuned parameters as the server got them (unset ones left out)."""
     env = {str(k): str(v) for k, v in (trial.user_attrs.get("env") or {}).items()}
-    if env_params is None:
-        return env
     return {var: env[var] for var in env_params.values() if var in env}
 
 
-def tuned_args(trial: FrozenTrial, flag_params: Mapping[str, str] | None) -> list[str]:
-    """The argv tokens of the tuned flag parameters, in the order the server got them."""
+def tuned_args(trial: FrozenTrial, flag_params: Mapping[str, str]) -> list[str]:
+    """The argv tokens of the tuned flag parameters, in the order the server got them.
+
+    A bool param is a switch (present or absent), so only its flag is taken; others take the
+    flag's value too (`--flag value` or `--flag=value`, as rendered).
+    """
     argv = [str(a) for a in trial.user_attrs.get("argv") or []]
-    if not flag_params:
-        return []
     found = []
-    for flag in flag_params.values():
-        toks = _flag_tokens(argv, flag)
+    for param, flag in flag_params.items():
+        if isinstance(trial.params.get(param), bool):
+            toks = [flag] if flag in argv else []
+        else:
+            toks = _flag_tokens(argv, flag)
         if toks:
             pos = max(i for i, a in enumerate(argv) if a == toks[0])
             found.append((pos, toks))
@@ -75,6 +81,11 @@ def build(study: optuna.Study, choice: Choice, *, now: _dt.datetime | None = Non
     attrs = study.user_attrs
     if "argv" not in trial.user_attrs and "env" not in trial.user_attrs:
         raise UsageError(f"trial {trial.number} has no argv/env user_attrs; was it run by the tuner?")
+    for key in ("flag_params", "env_params"):
+        if not isinstance(attrs.get(key), dict):
+            raise UsageError(f"study {study.study_name!r} has no user_attr {key} (param -> "
+                             f"{'flag' if key == 'flag_params' else 'env var'}), so the tuned knobs "
+                             "cannot be told apart from the fixed ones")
     objectives = study_objectives(study)
     provenance = {
         "tuner_version": attrs.get("tuner_version", tuner.__version__),
@@ -89,13 +100,14 @@ def build(study: optuna.Study, choice: Choice, *, now: _dt.datetime | None = Non
         "space": attrs.get("space"),
         "space_file": attrs.get("space_file"),
         "workload": attrs.get("workload"),
+        "simulated": bool(attrs.get("simulated", False)),
         "objectives": [str(o) for o in objectives],
         "values": {o.metric: v for o, v in zip(objectives, trial.values or [])},
         "metrics": dict(trial.user_attrs.get("metrics") or {}),
         "launch": envfile.server_args_line(trial.user_attrs.get("argv") or []),
     }
-    return ExportConfig(env=tuned_env(trial, attrs.get("env_params")),
-                        server_args=tuned_args(trial, attrs.get("flag_params")),
+    return ExportConfig(env=tuned_env(trial, attrs["env_params"]),
+                        server_args=tuned_args(trial, attrs["flag_params"]),
                         params=dict(trial.params), provenance=provenance)
 
 
@@ -111,10 +123,11 @@ def env_header(cfg: ExportConfig) -> list[str]:
              f"study tuner version: {p['tuner_version']}",
              f"model: {p['model']}", f"gpu: {p['gpu']}",
              f"search space: {p['space']} ({p['space_file']})  workload: {p['workload']}",
+             *(["WARNING: measured on the simulator, not on a real server"] if p["simulated"] else []),
              "objectives: " + ", ".join(f"{k}={_fmt(v)}" for k, v in p["values"].items())]
-    metrics = p["metrics"]
-    for i in range(0, len(metrics), 4):
-        lines.append("metrics: " + ", ".join(f"{k}={_fmt(v)}" for k, v in list(metrics.items())[i:i + 4]))
+    shown = [(k, p["metrics"][k]) for k in HEADER_METRICS if k in p["metrics"]]
+    for i in range(0, len(shown), 4):
+        lines.append("metrics: " + ", ".join(f"{k}={_fmt(v)}" for k, v in shown[i:i + 4]))
     lines += ["params: " + ", ".join(f"{k}={v}" for k, v in cfg.params.items()),
               f"launch (as tried): {p['launch']}",
               f"{envfile.SERVER_ARGS_VAR} holds the tuned server flags comma-separated (no spaces, so",

@@ -19,13 +19,12 @@ from optuna.importance import PedAnovaImportanceEvaluator
 from optuna.trial import FrozenTrial, TrialState
 from plotly.subplots import make_subplots
 
-from tuner.select import Objective, outcome
-from tuner.select import outcome_label as label
+from tuner.select import Objective, is_measured, outcome
 from tuner.slospec import cell_id
 
-OUTCOME_COLORS = {"ok": "#2ca02c", "ok, misses SLO": "#bcbd22", "slo": "#bcbd22", "oom": "#d62728",
+OUTCOME_COLORS = {"ok": "#2ca02c", "slo": "#bcbd22", "oom": "#d62728",
                   "crash": "#000000", "unhealthy": "#ff7f0e", "hang": "#9467bd", "startup": "#8c564b",
-                  "skipped": "#7f7f7f"}
+                  "skipped": "#7f7f7f", "rejected": "#e377c2", "interrupted": "#aec7e8"}
 CELL_METRICS = ("output_throughput", "p99_ttft_ms", "p99_tpot_ms", "mean_ttft_ms", "mean_tpot_ms")
 
 
@@ -33,22 +32,18 @@ def _color(name: str) -> str:
     return OUTCOME_COLORS.get(name, "#17becf")
 
 
-def _measured(trial: FrozenTrial) -> bool:
-    return trial.state == TrialState.COMPLETE and outcome(trial) == "ok" and trial.values is not None
-
-
 def _axis_values(trials: Sequence[FrozenTrial], i: int, obj: Objective) -> list[float]:
     """Objective i per trial; unmeasured trials placed 5% beyond the worst measured value."""
-    seen = [t.values[i] for t in trials if _measured(t)] or [0.0, 1.0]
+    seen = [t.values[i] for t in trials if is_measured(t)] or [0.0, 1.0]
     lo, hi = min(seen), max(seen)
     pad = 0.05 * ((hi - lo) or abs(hi) or 1.0)
     edge = lo - pad if obj.maximize else hi + pad
-    return [t.values[i] if _measured(t) else edge for t in trials]
+    return [t.values[i] if is_measured(t) else edge for t in trials]
 
 
 def _hover(t: FrozenTrial, objectives: Sequence[Objective]) -> str:
-    head = f"trial {t.number}: {label(t)}"
-    if not _measured(t):
+    head = f"trial {t.number}: {outcome(t)}"
+    if not is_measured(t):
         reason = str(t.user_attrs.get("reason", ""))[:120]
         return f"{head}<br>not measured (worst-case values){'<br>' + reason if reason else ''}"
     vals = "<br>".join(f"{o.metric}={v:.4g}" for o, v in zip(objectives, t.values))
@@ -61,70 +56,92 @@ def pareto_front(trials: Sequence[FrozenTrial], objectives: Sequence[Objective],
     """Each pair of objectives, every trial coloured by outcome; Pareto set ringed, pick starred."""
     done = [t for t in trials if t.state == TrialState.COMPLETE and t.values is not None]
     pairs = list(itertools.combinations(range(len(objectives)), 2)) or [(0, 0)]
-    fig = make_subplots(rows=1, cols=len(pairs), horizontal_spacing=0.08)
+    cols = min(3, len(pairs))
+    rows = -(-len(pairs) // cols)
+    fig = make_subplots(rows=rows, cols=cols, horizontal_spacing=0.08, vertical_spacing=0.15)
     axes = {i: _axis_values(done, i, o) for i, o in enumerate(objectives)}
-    for col, (a, b) in enumerate(pairs, 1):
+    for n, (a, b) in enumerate(pairs):
+        row, col = n // cols + 1, n % cols + 1
         xs = axes[a] if a != b else [t.number for t in done]
         ys = axes[b]
-        for name in dict.fromkeys(label(t) for t in done):
-            idx = [k for k, t in enumerate(done) if label(t) == name]
+        for name in dict.fromkeys(outcome(t) for t in done):
+            idx = [k for k, t in enumerate(done) if outcome(t) == name]
             fig.add_trace(go.Scatter(
                 x=[xs[k] for k in idx], y=[ys[k] for k in idx], mode="markers", name=name,
-                legendgroup=name, showlegend=col == 1,
-                marker=dict(color=_color(name), size=9, symbol="circle" if name.startswith("ok") else "x"),
-                text=[_hover(done[k], objectives) for k in idx], hoverinfo="text"), row=1, col=col)
+                legendgroup=name, showlegend=n == 0,
+                marker=dict(color=_color(name), size=9, symbol="circle" if name in ("ok", "slo") else "x"),
+                text=[_hover(done[k], objectives) for k in idx], hoverinfo="text"), row=row, col=col)
         for name, nums, marker in (("Pareto set", set(pareto), dict(size=16, color="rgba(0,0,0,0)",
                                                                       line=dict(color="#1f77b4", width=2))),
                                    ("chosen", {chosen}, dict(size=20, symbol="star", color="#1f77b4"))):
             idx = [k for k, t in enumerate(done) if t.number in nums]
             fig.add_trace(go.Scatter(x=[xs[k] for k in idx], y=[ys[k] for k in idx], mode="markers",
-                                     name=name, legendgroup=name, showlegend=col == 1, marker=marker,
-                                     hoverinfo="skip"), row=1, col=col)
-        fig.update_xaxes(title_text=objectives[a].metric if a != b else "trial", row=1, col=col)
-        fig.update_yaxes(title_text=objectives[b].metric, row=1, col=col)
+                                     name=name, legendgroup=name, showlegend=n == 0, marker=marker,
+                                     hoverinfo="skip"), row=row, col=col)
+        fig.update_xaxes(title_text=objectives[a].metric if a != b else "trial", row=row, col=col)
+        fig.update_yaxes(title_text=objectives[b].metric, row=row, col=col)
     fig.update_layout(title="Pareto front (colour = outcome; failures drawn at the worst edge, x)",
-                      height=450)
+                      height=80 + 370 * rows)
     return fig
 
 
+def _measured_study(study: optuna.Study, objectives: Sequence[Objective], *, lower_is_better: bool
+                    ) -> tuple[optuna.Study, list[FrozenTrial]]:
+    """An in-memory study of the trials that ran ok (failures only hold worst-case sentinels).
+
+    With lower_is_better, maximised objectives are negated and every direction is minimise.
+    """
+    ok = [t for t in study.get_trials(deepcopy=False) if is_measured(t)]
+    verbosity = optuna.logging.get_verbosity()
+    optuna.logging.set_verbosity(optuna.logging.WARNING)  # no "new study created" line per report
+    try:
+        copy = optuna.create_study(directions=["minimize"] * len(objectives) if lower_is_better
+                                   else study.directions)
+    finally:
+        optuna.logging.set_verbosity(verbosity)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        copy.set_metric_names([o.metric for o in objectives])
+    if lower_is_better:
+        signs = [-1.0 if o.maximize else 1.0 for o in objectives]
+        copy.add_trials([optuna.create_trial(values=[s * v for s, v in zip(signs, t.values)], params=t.params,
+                                             distributions=t.distributions) for t in ok])
+    else:
+        copy.add_trials(ok)
+    return copy, ok
+
+
 def optimization_history(study: optuna.Study, objectives: Sequence[Objective]) -> go.Figure:
-    """optuna's history plot of the first objective (infeasible trials shown apart)."""
+    """optuna's history plot of the first objective over the ok trials (SLO misses shown apart)."""
+    copy, ok = _measured_study(study, objectives, lower_is_better=False)
+    if not ok:
+        return _note("Optimisation history", "no trial ran ok")
     fig = optuna.visualization.plot_optimization_history(
-        study, target=lambda t: t.values[0], target_name=objectives[0].metric)
-    fig.update_layout(title=f"Optimisation history: {objectives[0]}", height=400)
+        copy, target=lambda t: t.values[0], target_name=objectives[0].metric)
+    # the copy renumbers trials from 0; put the study's own numbers back on the x axis
+    for trace in fig.data:
+        if trace.x is not None:
+            trace.x = [ok[int(x)].number for x in trace.x]
+    fig.update_layout(title=f"Optimisation history: {objectives[0]} (ok trials)", height=400)
     return fig
 
 
 def param_importances(study: optuna.Study, objectives: Sequence[Objective]) -> go.Figure:
-    """PED-ANOVA importances per objective over the ok trials (failures would measure the sentinel).
+    """optuna's importance plot (PED-ANOVA, no scikit-learn needed) per objective, ok trials only.
 
-    PED-ANOVA (optuna's default, no scikit-learn needed) ranks what it takes to reach *low*
-    targets, so maximised objectives are negated.
+    PED-ANOVA ranks what it takes to reach *low* targets, so maximised objectives are negated.
     """
-    ok = [t for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)) if _measured(t)]
-    varying = [p for p in {k for t in ok for k in t.params}
-               if len({repr(t.params.get(p)) for t in ok}) > 1 and all(p in t.params for t in ok)]
+    copy, ok = _measured_study(study, objectives, lower_is_better=True)
+    varying = sorted(p for p in {k for t in ok for k in t.params}
+                     if len({repr(t.params.get(p)) for t in ok}) > 1 and all(p in t.params for t in ok))
     if len(ok) < 2 or not varying:
         return _note("Parameter importances", f"needs 2+ ok trials with varying params (have {len(ok)})")
-    verbosity = optuna.logging.get_verbosity()
-    optuna.logging.set_verbosity(optuna.logging.WARNING)  # no "new study created" line per report
-    try:
-        copy = optuna.create_study(directions=study.directions)
-    finally:
-        optuna.logging.set_verbosity(verbosity)
-    copy.add_trials(ok)
-    fig = go.Figure()
-    for i, obj in enumerate(objectives):
-        sign = -1.0 if obj.maximize else 1.0
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", UserWarning)  # the "low target" reminder, handled by sign
-            imp = optuna.importance.get_param_importances(
-                copy, evaluator=PedAnovaImportanceEvaluator(), params=sorted(varying),
-                target=lambda t, i=i, sign=sign: sign * t.values[i])
-        names = list(imp)[::-1]
-        fig.add_trace(go.Bar(x=[imp[n] for n in names], y=names, orientation="h", name=obj.metric))
-    fig.update_layout(title="Parameter importances (PED-ANOVA over ok trials)", barmode="group",
-                      xaxis_title="importance", height=120 + 60 * len(varying))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # the "low target" reminder, handled above
+        fig = optuna.visualization.plot_param_importances(
+            copy, evaluator=PedAnovaImportanceEvaluator(), params=varying)
+    fig.update_layout(title="Parameter importances (PED-ANOVA over ok trials)",
+                      height=160 + 60 * len(varying))
     return fig
 
 
@@ -137,11 +154,11 @@ def failure_map(trials: Sequence[FrozenTrial]) -> go.Figure:
     rows = -(-len(params) // cols)
     fig = make_subplots(rows=rows, cols=cols, subplot_titles=params, vertical_spacing=0.12)
     rng = random.Random(0)
-    order = list(dict.fromkeys(sorted((label(t) for t in trials), key=lambda n: (n != "ok", n))))
+    order = list(dict.fromkeys(sorted((outcome(t) for t in trials), key=lambda n: (n != "ok", n))))
     for n, p in enumerate(params):
         row, col = n // cols + 1, n % cols + 1
         for name in order:
-            sub = [t for t in trials if label(t) == name and p in t.params]
+            sub = [t for t in trials if outcome(t) == name and p in t.params]
             if not sub:
                 continue
             fig.add_trace(go.Scatter(
@@ -201,10 +218,10 @@ def memory_headroom(trials: Sequence[FrozenTrial]) -> go.Figure | None:
     if not pts:
         return None
     with_seen = any(s is not None for _, _, s in pts)
-    order = sorted({label(t) for t, _, _ in pts}, key=lambda n: (n != "ok", n))
+    order = sorted({outcome(t) for t, _, _ in pts}, key=lambda n: (n != "ok", n))
     fig = go.Figure()
     for name in order:
-        sub = [p for p in pts if label(p[0]) == name]
+        sub = [p for p in pts if outcome(p[0]) == name]
         ys = [s if with_seen else order.index(name) for _, _, s in sub]
         fig.add_trace(go.Scatter(x=[p for _, p, _ in sub], y=ys, mode="markers", name=name,
                                  marker=dict(color=_color(name), size=9),

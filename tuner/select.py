@@ -2,7 +2,8 @@
 
 Feasible means what Optuna means (COMPLETE, every constraint <= 0) *and* outcome "ok": the study
 loop stores failed servers as COMPLETE with worst-case values, so the outcome is checked too in
-case a constraint was ever left out.  Picks:
+case a constraint was ever left out.  Outcome "slo" (the server ran, an SLO was missed) is
+infeasible but measured: its values are real and the figures plot them.  Picks:
 
 - knee: on the Pareto set, scale each objective to [0, 1] (1 = best seen) and take the trial
   closest to the ideal point (all 1) -- the balanced compromise.
@@ -22,7 +23,6 @@ import statistics
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
 import optuna
 from optuna.trial import FrozenTrial, TrialState
@@ -34,7 +34,7 @@ PICKS = ("knee", "max-throughput", "min-ttft", "min-tpot", "slo")
 PICK_METRICS = {"max-throughput": ("output_throughput", True), "min-ttft": ("p99_ttft_ms", False),
                 "min-tpot": ("p99_tpot_ms", False)}
 TIE_RTOL = 0.01
-FAILED_OUTCOMES = {"oom", "crash", "unhealthy", "hang", "startup", "slo", "skipped"}
+MEASURED_OUTCOMES = ("ok", "slo")
 
 
 @dataclass(frozen=True)
@@ -68,25 +68,22 @@ def study_objectives(study: optuna.Study) -> list[Objective]:
 
 
 def outcome(trial: FrozenTrial) -> str:
-    """The trial's outcome; a trial the loop never finished is named by its Optuna state."""
-    if trial.state != TrialState.COMPLETE:
-        return trial.state.name.lower()
-    return str(trial.user_attrs.get("outcome", "ok"))
+    """The stored outcome; else "ok" for a COMPLETE trial, the Optuna state (running, fail) otherwise."""
+    if "outcome" in trial.user_attrs:
+        return str(trial.user_attrs["outcome"])
+    return "ok" if trial.state == TrialState.COMPLETE else trial.state.name.lower()
 
 
-def outcome_label(trial: FrozenTrial) -> str:
-    """The outcome, with an ok run that violates an SLO constraint told apart ("ok, misses SLO")."""
-    out = outcome(trial)
-    if out == "ok" and trial.state == TrialState.COMPLETE and not is_feasible(trial):
-        return "ok, misses SLO"
-    return out
+def is_measured(trial: FrozenTrial) -> bool:
+    """COMPLETE with values that were measured (ok or slo), not worst-case stand-ins."""
+    return (trial.state == TrialState.COMPLETE and trial.values is not None
+            and outcome(trial) in MEASURED_OUTCOMES)
 
 
 def is_feasible(trial: FrozenTrial) -> bool:
-    """COMPLETE, all constraints <= 0, and the server did not fail."""
+    """COMPLETE, all constraints <= 0, and the server ran ok."""
     return (trial.state == TrialState.COMPLETE and trial.values is not None
-            and all(v <= 0 for v in trial.constraints.values())
-            and outcome(trial) not in FAILED_OUTCOMES)
+            and all(v <= 0 for v in trial.constraints.values()) and outcome(trial) == "ok")
 
 
 def pareto_front(trials: Sequence[FrozenTrial], objectives: Sequence[Objective]) -> list[FrozenTrial]:
@@ -207,8 +204,3 @@ def choose(study: optuna.Study, pick: str = "knee", slo: Sequence[SloTerm] = ())
     rule = f"{pick}{' within --slo' if slo else ''}" + (f", tie of {len(tied)} broken by robustness"
                                                           if len(tied) > 1 else "")
     return Choice(winner, front, rule)
-
-
-def trial_summary(trial: FrozenTrial, objectives: Sequence[Objective]) -> dict[str, Any]:
-    """The objective metrics of a trial as {metric: value}, for headers and messages."""
-    return {o.metric: v for o, v in zip(objectives, trial.values or [])}

@@ -6,7 +6,7 @@ Syntax (also shown by `tuner export --help`)::
     TERM  := ["cell:" CELL ":"] METRIC OP NUMBER [UNIT]
     CELL  := c<concurrency>_i<input_len>_o<output_len>        e.g. c64_i256_o256
     METRIC:= a vllm metric name (p99_ttft_ms, output_throughput, mean_tpot_ms, ...)
-             or the short form <ttft|tpot|itl|e2el>_<p50|p90|p99|mean|median>  (ttft_p99 = p99_ttft_ms)
+             or the short form <name>_<pNN|mean|median|std>: ttft_p99 = p99_ttft_ms
     OP    := <= | < | >= | >
     UNIT  := ms | s          (only on *_ms metrics; s is converted to ms)
              tok/s | req/s   (only on *_throughput metrics; no conversion)
@@ -30,7 +30,7 @@ _TERM = re.compile(
     r"^(?:cell:(?P<cell>[^:]+):)?(?P<metric>[A-Za-z0-9_]+)\s*(?P<op><=|>=|<|>)\s*"
     r"(?P<num>[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?)\s*(?P<unit>ms|s|tok/s|req/s)?$"
 )
-_SHORT = re.compile(r"^(ttft|tpot|itl|e2el)_(p\d+|mean|median|std)$")
+_SHORT = re.compile(r"^([a-z0-9]+)_(p\d+|mean|median|std)$")
 _CELL = re.compile(r"^c(\d+)_i(\d+)_o(\d+)$")
 
 

@@ -27,8 +27,8 @@ class StudyRef:
 def add_study_args(parser: argparse.ArgumentParser) -> None:
     """--study, --storage, --studies-dir."""
     parser.add_argument("--study", metavar="NAME",
-                        help="study name (default: the most recently modified folder under "
-                             "--studies-dir that has a study.db)")
+                        help="study name (default: the folder under --studies-dir whose study.db "
+                             "was modified last)")
     parser.add_argument("--storage", metavar="URL",
                         help="Optuna storage URL (default: sqlite:///STUDIES_DIR/NAME/study.db)")
     parser.add_argument("--studies-dir", metavar="DIR", type=Path, default=Path("studies"),

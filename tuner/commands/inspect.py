@@ -15,7 +15,7 @@ import optuna
 from tuner import report, studyref
 from tuner.commands.export import SLO_HELP, add_pick_args, pick_trial
 from tuner.errors import UsageError
-from tuner.select import Choice, is_feasible, outcome, outcome_label, pareto_front, study_objectives
+from tuner.select import Choice, is_feasible, is_measured, outcome, pareto_front, study_objectives
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -77,9 +77,8 @@ def as_table(study: optuna.Study, pareto: Sequence[int], choice: Choice | None) 
     rows = []
     for t in trials:
         mark = (">" if choice and t.number == choice.trial.number else "") + ("*" if t.number in pareto else "")
-        measured = outcome(t) == "ok" and t.values
-        vals = [_cell(v) for v in t.values] if measured else ["-"] * len(objectives)
-        rows.append([mark, str(t.number), outcome_label(t), *vals, *[_cell(t.params.get(p, "")) for p in params],
+        vals = [_cell(v) for v in t.values] if is_measured(t) else ["-"] * len(objectives)
+        rows.append([mark, str(t.number), outcome(t), *vals, *[_cell(t.params.get(p, "")) for p in params],
                      *[_cell(t.constraints.get(k, "")) for k in ckeys]])
     widths = [max(len(r[i]) for r in [head, *rows]) for i in range(len(head))]
     lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in [head, *rows]]
