@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 OK = "ok"
 FAILED_OUTCOMES = ("oom", "startup", "crash", "unhealthy", "hang")
-ALL_OUTCOMES = (OK, *FAILED_OUTCOMES, "slo", "skipped")
+ALL_OUTCOMES = (OK, *FAILED_OUTCOMES, "rejected", "slo", "skipped")
 
 
 @dataclass(frozen=True)
@@ -27,6 +27,7 @@ class Evidence:
     exit_code: int | None          # None while the process is still running
     health_failed: bool            # /health answered non-200 or stopped answering during the run
     cell_errors: tuple[str, ...]   # error classes of the cells that ended early
+    first_error: str = ""          # the first request error message seen, for the reason
 
 
 @dataclass(frozen=True)
@@ -36,7 +37,7 @@ class Outcome:
 
     @property
     def feasible(self) -> bool:
-        return self.kind in (OK, "slo")
+        return self.kind == OK
 
 
 def first_match(log_text: str, patterns: Iterable[str]) -> str | None:
@@ -78,6 +79,9 @@ def classify(ev: Evidence, patterns: Mapping[str, Iterable[str]]) -> Outcome:
                        + (f": {unhealthy_line}" if unhealthy_line else ""))
     if "hang" in ev.cell_errors:
         return Outcome("hang", "no token arrived within the stall timeout")
+    if "http_error" in ev.cell_errors:
+        return Outcome("rejected", "the server refused requests of this workload (HTTP 4xx/5xx)"
+                       + (f": {ev.first_error}" if ev.first_error else ""))
     if ev.cell_errors:
         return Outcome("crash", f"requests failed: {', '.join(sorted(set(ev.cell_errors)))}")
     return Outcome(OK, "all cells completed")

@@ -24,10 +24,16 @@ from tuner.trial import TrialContext, TrialResult, run_trial
 SAMPLERS = ("auto", "gp", "tpe", "nsga2", "random")
 
 
-def make_sampler(name: str, seed: int | None, n_trials: int) -> optuna.samplers.BaseSampler:
-    """`auto`: GPSampler (sample-efficient, constraint-aware) for small budgets, TPE beyond."""
+def make_sampler(name: str, seed: int | None, n_trials: int, n_objectives: int = 1,
+                 simulated: bool = False) -> optuna.samplers.BaseSampler:
+    """`auto`: GPSampler (sample-efficient, constraint-aware) where a trial costs minutes of GPU
+    time and the budget is small; TPE where a trial is cheaper than GPSampler's own fit.
+
+    Measured here (2 CPU cores, 11 knobs): GPSampler spends 7 s per ask with one objective and
+    40-85 s with three at 15-20 trials, while a simulated trial takes 2-4 s.
+    """
     if name == "auto":
-        name = "gp" if n_trials <= 100 else "tpe"
+        name = "gp" if (not simulated and n_trials <= 100 and n_objectives <= 2) else "tpe"
     if name == "gp":
         return optuna.samplers.GPSampler(seed=seed, n_startup_trials=min(8, max(2, n_trials // 3)))
     if name == "tpe":

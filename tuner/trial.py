@@ -133,7 +133,8 @@ def run_trial(ctx: TrialContext, params: dict[str, Any], trial_dir: Path,
         wait_until_free(ctx.gpu_index, ctx.gpu_baseline_bytes, ctx.gpu_wait_s)
     evidence = Evidence(log_text=server.log_text(), became_healthy=healthy, exit_code=exit_code,
                         health_failed=health_failed,
-                        cell_errors=tuple(r.error_class for r in results if r.error_class))
+                        cell_errors=tuple(r.error_class for r in results if r.error_class),
+                        first_error=next((r.error[:200] for r in results if r.error), ""))
     outcome = classify(evidence, ctx.space.failure_patterns)
     return TrialResult(outcome=outcome, metrics=aggregate(results),
                        cells=[_cell_row(r) for r in results], argv=argv, env=env,

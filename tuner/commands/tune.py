@@ -8,18 +8,22 @@ from __future__ import annotations
 
 import argparse
 import sys
+import warnings
 from pathlib import Path
 
 import optuna
 from optuna.trial import TrialState
 from tqdm import tqdm
 
+from tuner import envfile, export
 from tuner.errors import UsageError
 from tuner.gpu import read_gpu
 from tuner.objectives import DEFAULT_OBJECTIVES, check_metric, parse_objectives
 from tuner.paths import shipped
 from tuner.space import load_space
 from tuner.recovery import recover
+from tuner.report import store_in_dashboard, write_report
+from tuner.select import choose
 from tuner.study import (SAMPLERS, TrialObjective, counted, create_or_load, make_sampler,
                          open_storage, storage_url)
 from tuner.trial import TrialContext
@@ -67,6 +71,9 @@ def _default_study_name(space: str, model: str, simulate: str | None) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
+    optuna.logging.set_verbosity(optuna.logging.WARNING)  # the progress bar reports trials
+    warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
+    warnings.filterwarnings("ignore", category=FutureWarning, module="optuna")
     if args.trials < 1:
         raise UsageError("--trials must be at least 1")
     if args.time_scale <= 0:
@@ -95,7 +102,8 @@ def run(args: argparse.Namespace) -> int:
     else:
         gpu_desc = gpu_state.describe if gpu_state else "unknown GPU (NVML unavailable)"
     storage = open_storage(url)
-    sampler = make_sampler(args.sampler, args.seed, args.trials)
+    sampler = make_sampler(args.sampler, args.seed, args.trials, n_objectives=len(objectives),
+                           simulated=args.simulate is not None)
     study = create_or_load(name, storage, ctx, objectives, sampler, gpu_desc)
     if args.gpus:
         worker_argv = [a for a in _argv_without_gpus(sys.argv[1:])]
@@ -122,7 +130,24 @@ def run(args: argparse.Namespace) -> int:
     finally:
         bar.close()
     _summary(study)
+    if not args.no_export:
+        _export(study, studies_dir / name)
     return 0
+
+
+def _export(study: optuna.Study, folder: Path) -> None:
+    """best.env of the knee of the feasible Pareto set, and report.html (also in the dashboard)."""
+    try:
+        choice = choose(study, "knee")
+    except UsageError as exc:
+        choice = None
+        print(f"no best.env written: {exc}", file=sys.stderr)
+    if choice is not None:
+        envfile.write_atomic(folder / "best.env", export.render(export.build(study, choice), "env"))
+        print(f"wrote {folder / 'best.env'} (trial {choice.trial.number})")
+    figs = write_report(folder / "report.html", study, choice)
+    store_in_dashboard(study, figs)
+    print(f"wrote {folder / 'report.html'}")
 
 
 def _argv_without_gpus(argv: list[str]) -> list[str]:
