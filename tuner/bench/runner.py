@@ -18,10 +18,9 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import aiohttp
 from tqdm import tqdm
 
-from tuner.bench.client import CONNECTION_ERROR, HTTP_ERROR, STREAM_ERROR, Activity, StreamClient, base_url
+from tuner.bench.client import CONNECTION_ERROR, HTTP_ERROR, STREAM_ERROR, Activity, EventHook, StreamClient
 from tuner.bench.health import HANG, SERVER_DIED, UNHEALTHY, HealthWatch, stall_watch
 from tuner.bench.metrics import cell_metrics
 from tuner.bench.prompts import PromptMaker
@@ -209,38 +208,37 @@ async def run_cells_async(
     slo_ms: Mapping[str, float] | None = None,
     on_cell: Callable[[CellResult], None] | None = None,
     progress: bool = False,
+    on_event: EventHook | None = None,
 ) -> list[CellResult]:
-    """The asynchronous form of `run_cells`, for callers that already run an event loop."""
+    """The asynchronous form of `run_cells`, for callers that already run an event loop.
+    `on_event(record, event, arrival)` sees every parsed SSE event (see client.EventHook)."""
     maker = PromptMaker(tokenizer_dir)
-    activity = Activity()
-    connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=60)
-    timeout = aiohttp.ClientTimeout(total=None, sock_connect=10)
+    client = StreamClient(endpoint, model_name=model_name, api=api, request_extra=request_extra,
+                          activity=Activity(), on_event=on_event)
+    health = HealthWatch(health_url) if health_url else None
     results: list[CellResult] = []
-    async with aiohttp.ClientSession(connector=connector, timeout=timeout, auto_decompress=False) as session:
-        client = StreamClient(session, base_url(endpoint), model_name=model_name, api=api,
-                              request_extra=request_extra, activity=activity)
-        health = HealthWatch(health_url) if health_url else None
+    try:
         if health is not None:
             await health.__aenter__()
-        try:
-            time_scale = await health.time_scale() if health is not None else 1.0
-            common = dict(health=health, time_scale=time_scale, stall_timeout_s=stall_timeout_s,
-                          slo_ms=slo_ms, progress=progress)
-            if warmup is not None and warmup.requests > 0:
-                wcell = Cell(warmup.requests, warmup.input_len, warmup.output_len, num_prompts=warmup.requests)
-                wrng = random.Random(f"{seed}:warmup")
-                await _run_cell(client, wcell, _prompt_pool(maker, wcell, wrng), rng=wrng, **common)
-            for index, cell in enumerate(cells):
-                rng = random.Random(f"{seed}:{index}")
-                result = await _run_cell(client, cell, _prompt_pool(maker, cell, rng), rng=rng, **common)
-                results.append(result)
-                if on_cell is not None:
-                    on_cell(result)
-                if result.error_class in FATAL:
-                    break
-        finally:
-            if health is not None:
-                await health.__aexit__(None, None, None)
+        time_scale = await health.time_scale() if health is not None else 1.0
+        common = dict(health=health, time_scale=time_scale, stall_timeout_s=stall_timeout_s,
+                      slo_ms=slo_ms, progress=progress)
+        if warmup is not None and warmup.requests > 0:
+            wcell = Cell(warmup.requests, warmup.input_len, warmup.output_len, num_prompts=warmup.requests)
+            wrng = random.Random(f"{seed}:warmup")
+            await _run_cell(client, wcell, _prompt_pool(maker, wcell, wrng), rng=wrng, **common)
+        for index, cell in enumerate(cells):
+            rng = random.Random(f"{seed}:{index}")
+            result = await _run_cell(client, cell, _prompt_pool(maker, cell, rng), rng=rng, **common)
+            results.append(result)
+            if on_cell is not None:
+                on_cell(result)
+            if result.error_class in FATAL:
+                break
+    finally:
+        client.close()
+        if health is not None:
+            await health.__aexit__(None, None, None)
     return results
 
 
