@@ -16,6 +16,7 @@ Run: PYTHONPATH=. python benchmarks/client_fidelity.py [--guidellm PATH] [--out 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import os
 import shutil
@@ -31,7 +32,7 @@ import requests
 
 from tuner.bench.metrics import cell_metrics
 from tuner.bench.records import Cell, RequestRecord, Warmup
-from tuner.bench.runner import CellResult, run_cells
+from tuner.bench.runner import CellResult, run_cells_async
 
 HERE = Path(__file__).resolve().parent
 ITL_TOL = 0.01
@@ -86,19 +87,51 @@ def server_view(url: str, out_len: int) -> tuple[dict[str, float], dict[str, flo
     return cell_metrics(actual, span), cell_metrics(intended, span), lateness
 
 
+class Probe:
+    """Reads the reference server's stamps out of every event the client parses (on_event hook):
+    per token, client stamp - server write = the client's receive lag (plus loopback transit);
+    per request, server receipt - client send stamp = request delivery (kernel + server accept)."""
+
+    def __init__(self) -> None:
+        self.lag_ms: list[float] = []
+        self.delivery_ms: dict[int, float] = {}
+
+    def __call__(self, record: RequestRecord, data: str, arrival: float) -> None:
+        i = data.find('"rcv_t":')
+        if i < 0:
+            return
+        # fixed layout written by paced_server: ,"rcv_t":R,"due_t":D,"srv_t":S}  (cheap to slice)
+        rcv, _, srv = (float(part.split(":", 1)[1]) for part in data[i:-1].split(","))
+        self.lag_ms.append((arrival - srv) * 1000.0)
+        if id(record) not in self.delivery_ms:
+            self.delivery_ms[id(record)] = (rcv - record.send_time) * 1000.0
+
+
+def _mean_p99(values: list[float]) -> tuple[float, float]:
+    v = sorted(values)
+    return (sum(v) / len(v), v[int(0.99 * (len(v) - 1))]) if v else (float("nan"), float("nan"))
+
+
+def run_cell(url: str, cell: Cell, seed: int, probe: Probe | None = None) -> CellResult:
+    # the warm-up opens `concurrency` keep-alive connections, as in a long-running trial
+    [res] = asyncio.run(run_cells_async(url, [cell], model_name="paced", health_url=url + "/health", seed=seed,
+                                        warmup=Warmup(cell.concurrency, 8, 2), on_event=probe))
+    return res
+
+
 def measure(url: str, conc: int, ttft_ms: float, itl_ms: float, out_len: int, num: int) -> dict[str, Any]:
-    requests.post(url + "/config", json={"ttft_ms": ttft_ms, "itl_ms": itl_ms}, timeout=5)
-    cell = Cell(conc, 16, out_len, num)
-    requests.get(url + "/stats?reset=1", timeout=30)
-    # the warm-up opens `conc` keep-alive connections, as in a long-running trial
-    [res] = run_cells(url, [cell], model_name="paced", health_url=url + "/health", seed=1,
-                      warmup=Warmup(conc, 8, 2))
+    requests.post(url + "/config", json={"ttft_ms": ttft_ms, "itl_ms": itl_ms}, timeout=5)  # also resets stats
+    probe = Probe()
+    res = run_cell(url, Cell(conc, 16, out_len, num), 1, probe)
     srv, intended, late = server_view(url, out_len)
     cli = res.metrics
+    lag_mean, lag_p99 = _mean_p99(probe.lag_ms)
+    dlv_mean, dlv_p99 = _mean_p99(list(probe.delivery_ms.values()))
     row = {
         "conc": conc, "ttft_ms": ttft_ms, "itl_ms": itl_ms, "out": out_len, "num": num,
         "errors": res.error_class, "completed": cli["completed"],
         "late_mean_ms": late["mean"], "late_p99_ms": late["p99"],
+        "lag_mean_ms": lag_mean, "lag_p99_ms": lag_p99, "delivery_mean_ms": dlv_mean, "delivery_p99_ms": dlv_p99,
         "srv_ttft": srv["mean_ttft_ms"], "cli_ttft": cli["mean_ttft_ms"],
         "srv_ttft_p99": srv["p99_ttft_ms"], "cli_ttft_p99": cli["p99_ttft_ms"],
         "srv_itl": srv["mean_itl_ms"], "cli_itl": cli["mean_itl_ms"],
@@ -110,20 +143,21 @@ def measure(url: str, conc: int, ttft_ms: float, itl_ms: float, out_len: int, nu
     row["ttft_err_ms"] = row["cli_ttft"] - row["srv_ttft"]
     row["itl_err"] = row["cli_itl"] / row["srv_itl"] - 1
     row["tpot_err"] = row["cli_tpot"] / row["srv_tpot"] - 1
-    row["pass"] = (res.error_class is None and abs(row["ttft_err_ms"]) < TTFT_TOL_MS
+    row["pass"] = (res.error_class is None and cli["completed"] == num and abs(row["ttft_err_ms"]) < TTFT_TOL_MS
                    and abs(row["itl_err"]) < ITL_TOL and abs(row["tpot_err"]) < ITL_TOL)
     return row
 
 
 def print_accuracy(title: str, rows: list[dict[str, Any]]) -> None:
-    print(f"\n== {title}")
-    print("  conc  ITL set   tok/s | server late mean/p99 ms | TTFT ms srv -> cli (err)     "
-          "| ITL ms srv -> cli (err)          | TPOT ms srv -> cli (err)         | ITL p99 srv/cli | pass")
+    print(f"\n== {title}  (ms; err = client - server)")
+    print("  conc ITL set   tok/s | srv late mean/p99 | TTFT srv -> cli   err  = delivery + cli lag (p99) "
+          "| ITL srv -> cli     err   | TPOT srv -> cli     err   | ITL p99 srv/cli | pass")
     for r in rows:
-        print(f"  {r['conc']:4d} {r['itl_ms']:6.2f} {r['cli_tok_s']:8.0f} | {r['late_mean_ms']:8.3f} /{r['late_p99_ms']:7.3f}"
-              f"      | {r['srv_ttft']:7.2f} -> {r['cli_ttft']:7.2f} ({r['ttft_err_ms']:+6.3f})"
-              f" | {r['srv_itl']:7.3f} -> {r['cli_itl']:7.3f} ({100 * r['itl_err']:+6.3f} %)"
-              f" | {r['srv_tpot']:7.3f} -> {r['cli_tpot']:7.3f} ({100 * r['tpot_err']:+6.3f} %)"
+        print(f"  {r['conc']:4d} {r['itl_ms']:6.2f} {r['cli_tok_s']:7.0f} | {r['late_mean_ms']:6.3f} /{r['late_p99_ms']:7.3f}"
+              f"  | {r['srv_ttft']:6.2f} -> {r['cli_ttft']:6.2f} {r['ttft_err_ms']:+6.3f} = {r['delivery_mean_ms']:6.3f}"
+              f" + {r['lag_mean_ms']:6.3f} ({r['lag_p99_ms']:6.3f})"
+              f" | {r['srv_itl']:6.3f} -> {r['cli_itl']:6.3f} {100 * r['itl_err']:+6.3f}%"
+              f" | {r['srv_tpot']:6.3f} -> {r['cli_tpot']:6.3f} {100 * r['tpot_err']:+6.3f}%"
               f" | {r['srv_itl_p99']:6.2f}/{r['cli_itl_p99']:6.2f} | {'PASS' if r['pass'] else 'FAIL'}")
 
 
@@ -182,9 +216,7 @@ def guidellm(exe: str, url: str, conc: int, in_len: int, out_len: int, num: int,
 
 def compare_guidellm(exe: str, url: str, conc: int, itl_ms: float, out_len: int, num: int, out: Path) -> bool:
     requests.post(url + "/config", json={"ttft_ms": 20.0, "itl_ms": itl_ms}, timeout=5)
-    cell = Cell(conc, 16, out_len, num)
-    [mine] = run_cells(url, [cell], model_name="paced", health_url=url + "/health", seed=2,
-                       warmup=Warmup(conc, 8, 2))
+    mine = run_cell(url, Cell(conc, 16, out_len, num), 2)
     requests.get(url + "/stats?reset=1", timeout=30)
     theirs = guidellm(exe, url, conc, 16, out_len, num, out)
     srv, _, _ = server_view(url, out_len)

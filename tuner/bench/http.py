@@ -199,10 +199,13 @@ class _Connection(asyncio.Protocol):
                     break
                 size = int(buf[pos:nl].split(b";", 1)[0], 16)
                 pos = nl + 2
-                if size:
-                    self._chunk_left = size
-                else:
+                if not size:
                     self._trailers = True
+                elif pos + size + 2 <= n:  # the usual case: the whole chunk is here
+                    out.append(buf[pos:pos + size])
+                    pos += size + 2
+                else:
+                    self._chunk_left = size
         self._buf = buf[pos:]
         return out[0] if len(out) == 1 else b"".join(out)
 
