@@ -241,6 +241,8 @@ def main() -> int:
     ap.add_argument("--out-len", type=int, default=128)
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
+    print(f"machine: {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.2f} at start "
+          "(other processes share these cores: all timings include that contention)")
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     server = start([sys.executable, str(HERE / "paced_server.py"), "--port", str(port)], args.out / "paced_server.log")
@@ -252,15 +254,17 @@ def main() -> int:
         print_accuracy("throughput sweep at concurrency 256", sweep)
         passing = [r for r in sweep + accuracy if r["pass"]]
         best = max(passing, key=lambda r: r["cli_tok_s"]) if passing else None
+        print(f"load average now {os.getloadavg()[0]:.2f}")
         print(f"\nhighest streamed rate holding the error bounds: "
               f"{best['cli_tok_s']:.0f} tokens/s (concurrency {best['conc']}, ITL {best['itl_ms']} ms)"
               if best else "\nno sweep point held the error bounds")
         (args.out / "client_fidelity.json").write_text(json.dumps({"accuracy": accuracy, "sweep": sweep}, indent=1))
         if args.guidellm:
-            try:
-                compare_guidellm(args.guidellm, url, 64, 10.0, 512, 256, args.out)
-            except (RuntimeError, OSError, KeyError, ValueError) as exc:
-                print(f"\nGuideLLM comparison not run: {exc}")
+            for conc, out_len, num in ((1, 128, 16), (64, 512, 256)):
+                try:
+                    compare_guidellm(args.guidellm, url, conc, 10.0, out_len, num, args.out)
+                except (RuntimeError, OSError, KeyError, ValueError) as exc:
+                    print(f"\nGuideLLM comparison not run: {exc}")
         else:
             print("\nGuideLLM comparison not run: no guidellm executable (pip install guidellm; --guidellm PATH)")
     finally:

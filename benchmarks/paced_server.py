@@ -7,9 +7,11 @@ which on Linux share CLOCK_MONOTONIC with the client process.  `GET /stats` retu
 write times, so a benchmark can split the error into server lateness (srv_t - due_t) and client
 error (client stamp - srv_t).
 
-Written on raw asyncio protocols, not a web framework: the server must not be the bottleneck when
-the client is pushed to tens of thousands of tokens per second on a small machine.
-Run: python benchmarks/paced_server.py --port P --ttft-ms 20 --itl-ms 10
+Written on raw sockets with kernel receive stamps (the client's own tuner.bench.stamped
+transport), not a web framework: the server must not be the bottleneck when the client is pushed
+to tens of thousands of tokens per second on a small machine, and a request's receipt must be
+when it arrived, not when a busy loop got to it.  Linux only.
+Run: PYTHONPATH=. python benchmarks/paced_server.py --port P --ttft-ms 20 --itl-ms 10
 """
 
 from __future__ import annotations
@@ -17,7 +19,10 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import socket
 import time
+
+from tuner.bench.stamped import SO_TIMESTAMPNS, StampedTransport
 
 _OK_SSE = (b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nCache-Control: no-cache\r\n"
            b"Transfer-Encoding: chunked\r\n\r\n")
@@ -38,32 +43,29 @@ def _json_response(status: str, obj: object) -> bytes:
             .encode() + body)
 
 
-class PacedProtocol(asyncio.Protocol):
+class PacedProtocol:
     """One connection: HTTP/1.1 keep-alive, one request at a time (clients do not pipeline)."""
 
     def __init__(self, pacing: Pacing, model: str) -> None:
         self.pacing = pacing
         self.model = model
         self.buf = b""
-        self.transport: asyncio.Transport | None = None
+        self.transport: StampedTransport | None = None
         self.timer: asyncio.TimerHandle | None = None
 
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = transport  # type: ignore[assignment]
+    def connection_made(self, transport: StampedTransport) -> None:
+        self.transport = transport
 
     def connection_lost(self, exc: Exception | None) -> None:
         if self.timer is not None:
             self.timer.cancel()
             self.timer = None
 
-    def data_received(self, data: bytes) -> None:
-        """Only stamp and buffer here: when 256 requests land at once, parsing them inline would
-        make the last one's receipt stamp (and so its whole schedule) late by the parsing of the
-        255 before it, and that lateness would look like client TTFT error."""
+    def feed(self, data: bytes, now: float) -> None:
+        """`now` is the kernel's arrival stamp (tuner.bench.stamped): when 256 requests land at
+        once, a stamp taken by the loop would make the last one's receipt (and its whole
+        schedule) late by the handling of the 255 before it, which would look like client error."""
         self.buf += data
-        asyncio.get_running_loop().call_soon(self.parse, time.perf_counter())
-
-    def parse(self, now: float) -> None:
         while True:
             end = self.buf.find(b"\r\n\r\n")
             if end < 0:
@@ -145,9 +147,25 @@ class PacedProtocol(asyncio.Protocol):
 async def serve(host: str, port: int, ttft_ms: float, itl_ms: float, model: str) -> None:
     pacing = Pacing(ttft_ms / 1000.0, itl_ms / 1000.0)
     loop = asyncio.get_running_loop()
-    server = await loop.create_server(lambda: PacedProtocol(pacing, model), host, port, backlog=4096)
-    async with server:
-        await server.serve_forever()
+    listener = socket.socket()
+    listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    listener.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMPNS, 1)  # stamp segments that arrive before accept
+    listener.bind((host, port))
+    listener.listen(4096)
+    listener.setblocking(False)
+
+    def accept() -> None:
+        try:
+            conn, _ = listener.accept()
+        except (BlockingIOError, InterruptedError):
+            return
+        conn.setblocking(False)
+        conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        conn.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMPNS, 1)
+        StampedTransport(loop, conn, PacedProtocol(pacing, model))
+
+    loop.add_reader(listener.fileno(), accept)
+    await asyncio.Event().wait()
 
 
 def main() -> None:

@@ -3,9 +3,10 @@
 Why not aiohttp here: its response stream wakes the reading task once per network read, and the
 time stamp is taken when that task runs, after every other ready callback and task of the loop
 iteration (including other workers starting new requests).  At 256 streams that put tens of ms
-of client queueing into TTFT and ITL.  Here `data_received` runs straight from the selector: the
-arrival is stamped there, SSE events are parsed there, and the waiting coroutine is woken once,
-when the response ends.  (Health probes, which are not timed, still use aiohttp.)
+of client queueing into TTFT and ITL.  Here bytes are handled straight from the selector callback
+with their arrival time (the kernel's receive stamp on plain TCP, see tuner.bench.stamped), SSE
+events are parsed there, and the waiting coroutine is woken once, when the response ends.
+(Health probes, which are not timed, still use aiohttp.)
 
 Supports what OpenAI-compatible servers send: keep-alive, chunked or Content-Length or
 close-delimited bodies, TLS.  No proxies, no redirects, no compression (not asked for).
@@ -17,9 +18,12 @@ import asyncio
 import ssl
 import time
 from collections.abc import Callable
+from typing import Any
 from urllib.parse import urlsplit
 
-# on_head(status, headers) is called once; on_body(bytes, arrival) per read; both from data_received
+from tuner.bench import stamped
+
+# on_head(status, headers) is called once; on_body(bytes, arrival) per read; both from the read callback
 HeadCallback = Callable[[int, dict[str, str]], None]
 BodyCallback = Callable[[bytes, float], None]
 
@@ -44,8 +48,12 @@ class ConnectionPool:
             conn = self._idle.pop()
             if not conn.closed:
                 return conn
-        loop = asyncio.get_running_loop()
-        _, conn = await loop.create_connection(_Connection, self.host, self.port, ssl=self.ssl)
+        conn = _Connection()
+        if self.ssl is None and stamped.SUPPORTED:
+            await stamped.open_stamped(self.host, self.port, conn)
+        else:
+            loop = asyncio.get_running_loop()
+            await loop.create_connection(lambda: conn, self.host, self.port, ssl=self.ssl)
         self._all.add(conn)
         return conn
 
@@ -72,7 +80,7 @@ class _Connection(asyncio.Protocol):
     """Parses one response at a time, handing body bytes to the current request's callbacks."""
 
     def __init__(self) -> None:
-        self.transport: asyncio.Transport | None = None
+        self.transport: Any = None  # asyncio.Transport or stamped.StampedTransport
         self.closed = False
         self.reusable = False
         self._done: asyncio.Future | None = None
@@ -105,12 +113,14 @@ class _Connection(asyncio.Protocol):
     def close(self) -> None:
         if not self.closed:
             self.closed = True
+            if self._done is not None and not self._done.done():
+                self._done.cancel()  # nobody waits any more: no exception left unretrieved
             if self.transport is not None:
                 self.transport.abort()
 
     # -- protocol side
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = transport  # type: ignore[assignment]
+    def connection_made(self, transport: Any) -> None:
+        self.transport = transport
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
@@ -121,7 +131,11 @@ class _Connection(asyncio.Protocol):
                 self._done.set_exception(ConnectionResetError(str(exc) if exc else "connection closed by server"))
 
     def data_received(self, data: bytes) -> None:
-        now = time.perf_counter()
+        """asyncio transports (TLS): the arrival is when the loop hands us the bytes."""
+        self.feed(data, time.perf_counter())
+
+    def feed(self, data: bytes, now: float) -> None:
+        """Bytes and their arrival time (the kernel's, from tuner.bench.stamped, for plain TCP)."""
         if self._done is None or self._done.done():
             return  # bytes after a finished or abandoned response: nothing wants them
         if self._in_head:
