@@ -57,7 +57,7 @@ def run_requests(responses: list[bytes], cut: int, api: str = "chat") -> list[Re
             records = []
             for _ in responses:
                 rec = RequestRecord(send_time=0.0)
-                await client.request("hello", 4, rec)
+                await client.request(client.prepare("hello", 4), rec)
                 records.append(rec)
             return records
         finally:

@@ -61,11 +61,11 @@ class CellResult:
 class _CellRun:
     """State shared by one cell's request loops and its watchers."""
 
-    def __init__(self, client: StreamClient, cell: Cell, prompts: list[str],
+    def __init__(self, client: StreamClient, cell: Cell, payloads: list[bytes],
                  health: HealthWatch | None, pbar: tqdm) -> None:
         self.client = client
         self.cell = cell
-        self.prompts = prompts
+        self.payloads = payloads
         self.health = health
         self.pbar = pbar
         self.records: list[RequestRecord] = []
@@ -82,7 +82,7 @@ class _CellRun:
     async def one(self, i: int) -> None:
         rec = RequestRecord(send_time=0.0)
         self.records.append(rec)
-        await self.client.request(self.prompts[i % len(self.prompts)], self.cell.output_len, rec)
+        await self.client.request(self.payloads[i % len(self.payloads)], rec)
         self.pbar.update(1)
         if rec.ok:
             self.successes += 1
@@ -148,12 +148,12 @@ def _duration(records: Sequence[RequestRecord], wall_s: float) -> float:
     return wall_s
 
 
-async def _run_cell(client: StreamClient, cell: Cell, prompts: list[str], *, health: HealthWatch | None,
+async def _run_cell(client: StreamClient, cell: Cell, payloads: list[bytes], *, health: HealthWatch | None,
                     rng: random.Random, time_scale: float, stall_timeout_s: float,
                     slo_ms: Mapping[str, float] | None, progress: bool) -> CellResult:
     with tqdm(total=cell.num_prompts, desc=cell.key, unit="req", file=sys.stderr,
               disable=not progress, leave=True) as pbar:
-        run = _CellRun(client, cell, prompts, health, pbar)
+        run = _CellRun(client, cell, payloads, health, pbar)
         start = time.perf_counter()
         deadline = start + cell.duration_s / time_scale if cell.duration_s is not None else None
         if cell.request_rate is None:
@@ -186,11 +186,11 @@ async def _run_cell(client: StreamClient, cell: Cell, prompts: list[str], *, hea
     return CellResult(cell, records, duration, cell_metrics(records, duration, slo_ms), error_class, error)
 
 
-def _prompt_pool(maker: PromptMaker, cell: Cell, rng: random.Random) -> list[str]:
+def _payloads(client: StreamClient, maker: PromptMaker, cell: Cell, rng: random.Random) -> list[bytes]:
     n = max(2 * cell.concurrency, min(cell.num_prompts or MAX_PROMPT_POOL, MAX_PROMPT_POOL))
     if cell.num_prompts is not None:
         n = min(n, cell.num_prompts)
-    return [maker.make(cell.input_len, rng) for _ in range(max(n, 1))]
+    return [client.prepare(maker.make(cell.input_len, rng), cell.output_len) for _ in range(max(n, 1))]
 
 
 async def run_cells_async(
@@ -226,10 +226,10 @@ async def run_cells_async(
         if warmup is not None and warmup.requests > 0:
             wcell = Cell(warmup.requests, warmup.input_len, warmup.output_len, num_prompts=warmup.requests)
             wrng = random.Random(f"{seed}:warmup")
-            await _run_cell(client, wcell, _prompt_pool(maker, wcell, wrng), rng=wrng, **common)
+            await _run_cell(client, wcell, _payloads(client, maker, wcell, wrng), rng=wrng, **common)
         for index, cell in enumerate(cells):
             rng = random.Random(f"{seed}:{index}")
-            result = await _run_cell(client, cell, _prompt_pool(maker, cell, rng), rng=rng, **common)
+            result = await _run_cell(client, cell, _payloads(client, maker, cell, rng), rng=rng, **common)
             results.append(result)
             if on_cell is not None:
                 on_cell(result)
