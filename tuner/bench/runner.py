@@ -150,8 +150,8 @@ def _duration(records: Sequence[RequestRecord], wall_s: float) -> float:
 
 async def _run_cell(client: StreamClient, cell: Cell, payloads: list[bytes], *, health: HealthWatch | None,
                     rng: random.Random, time_scale: float, stall_timeout_s: float,
-                    slo_ms: Mapping[str, float] | None, progress: bool) -> CellResult:
-    with tqdm(total=cell.num_prompts, desc=cell.key, unit="req", file=sys.stderr,
+                    slo_ms: Mapping[str, float] | None, progress: bool, label: str | None = None) -> CellResult:
+    with tqdm(total=cell.num_prompts, desc=label or cell.key, unit="req", file=sys.stderr,
               disable=not progress, leave=True) as pbar:
         run = _CellRun(client, cell, payloads, health, pbar)
         start = time.perf_counter()
@@ -226,7 +226,8 @@ async def run_cells_async(
         if warmup is not None and warmup.requests > 0:
             wcell = Cell(warmup.requests, warmup.input_len, warmup.output_len, num_prompts=warmup.requests)
             wrng = random.Random(f"{seed}:warmup")
-            await _run_cell(client, wcell, _payloads(client, maker, wcell, wrng), rng=wrng, **common)
+            await _run_cell(client, wcell, _payloads(client, maker, wcell, wrng), rng=wrng, label="warm-up",
+                            **common)
         for index, cell in enumerate(cells):
             rng = random.Random(f"{seed}:{index}")
             result = await _run_cell(client, cell, _payloads(client, maker, cell, rng), rng=rng, **common)
