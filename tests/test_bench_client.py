@@ -103,3 +103,41 @@ def test_body_fields_and_none_removes_a_default():
     assert body["ignore_eos"] is True and "stream_options" not in body
     assert body["messages"] == [{"role": "user", "content": "hi"}] and body["max_tokens"] == 7
     assert client.path == "/v1/chat/completions" and client.pool.prefix == ""
+
+
+def test_stale_keepalive_connection_is_retried_once_on_a_fresh_one():
+    head = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
+    resp = head + chunked(CHAT, 64)
+    connections = []
+
+    async def main() -> list[RequestRecord]:
+        async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            connections.append(writer)
+            answers = 1 if len(connections) == 1 else 2
+            for _ in range(answers):
+                head_bytes = await reader.readuntil(b"\r\n\r\n")
+                length = int(head_bytes.lower().split(b"content-length:")[1].split(b"\r\n")[0])
+                await reader.readexactly(length)
+                writer.write(resp)
+                await writer.drain()
+            await reader.readuntil(b"\r\n\r\n")  # first connection: a request it never answers
+            writer.close()
+
+        server = await asyncio.start_server(handle, "127.0.0.1", 0)
+        client = StreamClient(f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}", model_name="m")
+        try:
+            records = [RequestRecord(0.0), RequestRecord(0.0)]
+            for rec in records:
+                await client.request(client.prepare("hello", 4), rec)
+            return records
+        finally:
+            client.close()
+            server.close()
+
+    records = asyncio.run(main())
+    assert [r.ok for r in records] == [True, True] and len(connections) == 2
+
+
+def test_malformed_response_fails_the_request_at_once():
+    [rec] = run_requests([b"HTTP/1.1 abc\r\n\r\n"], 4096)
+    assert rec.error_class == "connection" and "malformed" in rec.error

@@ -120,12 +120,20 @@ class StreamClient:
         record.send_time = activity.last = time.perf_counter()
         conn = None
         try:
-            conn = await self.pool.acquire()
-            stream = _Stream(record, self.api == "chat", activity, conn.end_early, self.on_event)
-            # stamped after the connection is ready: pool waits and connects are the client's
-            record.send_time = time.perf_counter()
-            done = conn.start(data, stream.on_head, stream.on_body)
-            await done
+            for attempt in (1, 2):
+                conn, reused = await self.pool.acquire()
+                stream = _Stream(record, self.api == "chat", activity, conn.end_early, self.on_event)
+                # stamped after the connection is ready: pool waits and connects are the client's
+                record.send_time = time.perf_counter()
+                try:
+                    await conn.start(data, stream.on_head, stream.on_body)
+                    break
+                except ConnectionResetError:
+                    # a keep-alive connection the server closed as we reused it (uvicorn drops idle
+                    # ones after 5 s): nothing was processed, so send once more on a fresh one
+                    if attempt == 2 or not reused or conn.got_response:
+                        raise
+                    self.pool.release(conn)
             stream.finish()
             if stream.failed:
                 conn.close()

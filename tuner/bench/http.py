@@ -43,11 +43,12 @@ class ConnectionPool:
         self._idle: list[_Connection] = []
         self._all: set[_Connection] = set()
 
-    async def acquire(self) -> _Connection:
+    async def acquire(self) -> tuple[_Connection, bool]:
+        """-> (connection, whether it is a reused keep-alive one)."""
         while self._idle:
             conn = self._idle.pop()
             if not conn.closed:
-                return conn
+                return conn, True
         conn = _Connection()
         if self.ssl is None and stamped.SUPPORTED:
             await stamped.open_stamped(self.host, self.port, conn)
@@ -55,7 +56,7 @@ class ConnectionPool:
             loop = asyncio.get_running_loop()
             await loop.create_connection(lambda: conn, self.host, self.port, ssl=self.ssl)
         self._all.add(conn)
-        return conn
+        return conn, False
 
     def release(self, conn: _Connection) -> None:
         if conn.closed or not conn.reusable:
@@ -135,9 +136,23 @@ class _Connection(asyncio.Protocol):
         self.feed(data, time.perf_counter())
 
     def feed(self, data: bytes, now: float) -> None:
-        """Bytes and their arrival time (the kernel's, from tuner.bench.stamped, for plain TCP)."""
+        """Bytes and their arrival time (the kernel's, from tuner.bench.stamped, for plain TCP).
+        Runs in a transport callback: a malformed response must fail the request, not escape to
+        the event loop and leave the request waiting for the stall timeout."""
         if self._done is None or self._done.done():
             return  # bytes after a finished or abandoned response: nothing wants them
+        try:
+            self._feed(data, now)
+        except (ValueError, IndexError) as exc:
+            self._done.set_exception(ValueError(f"malformed HTTP response: {exc}"))
+            self.close()
+
+    @property
+    def got_response(self) -> bool:
+        """Whether any byte of the current response arrived (a stale keep-alive fails before)."""
+        return not self._in_head or bool(self._buf)
+
+    def _feed(self, data: bytes, now: float) -> None:
         if self._in_head:
             buf = self._buf + data
             end = buf.find(b"\r\n\r\n")
