@@ -20,7 +20,7 @@ from typing import Any
 
 from tqdm import tqdm
 
-from tuner.bench.client import CONNECTION_ERROR, HTTP_ERROR, STREAM_ERROR, Activity, EventHook, StreamClient
+from tuner.bench.client import ABORTED, CONNECTION_ERROR, HTTP_ERROR, STREAM_ERROR, Activity, EventHook, StreamClient
 from tuner.bench.health import HANG, SERVER_DIED, UNHEALTHY, HealthWatch, stall_watch
 from tuner.bench.metrics import cell_metrics
 from tuner.bench.prompts import PromptMaker
@@ -174,7 +174,7 @@ async def _run_cell(client: StreamClient, cell: Cell, payloads: list[bytes], *, 
         wall = time.perf_counter() - start
     records = run.records
     for rec in records:
-        if rec.error_class == "aborted" and run.error_class is not None:
+        if rec.error_class == ABORTED and run.error_class is not None:
             rec.error_class = run.error_class
             rec.error = f"aborted: {run.error}"
     error_class, error = run.error_class, run.error
