@@ -51,7 +51,7 @@ def test_open_loop_poisson_sends_num_prompts():
 def test_hung_streams_end_within_seconds_when_health_turns_503():
     with FakeServer(Behaviour(tokens=10, hang_after=2)) as srv:
         t0 = time.perf_counter()
-        results = run(srv, [Cell(concurrency=16, input_len=4, output_len=10, num_prompts=32),
+        results = run(srv, [Cell(concurrency=64, input_len=4, output_len=10, num_prompts=128),
                             Cell(concurrency=1, input_len=4, output_len=10, num_prompts=1)],
                       stall_timeout_s=60)
         elapsed = time.perf_counter() - t0
@@ -59,7 +59,7 @@ def test_hung_streams_end_within_seconds_when_health_turns_503():
     assert len(results) == 1  # the server is gone: the second cell is not run
     res = results[0]
     assert res.error_class == "unhealthy" and "503" in res.error
-    assert res.metrics["completed"] == 0 and res.metrics["failed"] == 16
+    assert res.metrics["completed"] == 0 and res.metrics["failed"] == 64
     assert all(r.error_class == "unhealthy" and len(r.token_times) == 2 for r in res.records)
 
 

@@ -18,8 +18,8 @@ from tuner.bench.records import RequestRecord
 PERCENTILES = (50, 90, 99)
 LATENCY_METRICS = ("ttft", "tpot", "itl", "e2el")
 
-# SLO keys accepted for goodput: metric name -> per-request value (ms)
 def _per_request_ms(rec: RequestRecord) -> dict[str, float]:
+    """The per-request quantities an SLO for goodput can name ("ttft", "tpot", "e2el"), in ms."""
     out = {"ttft": rec.ttft * 1000.0, "e2el": rec.latency * 1000.0}
     if rec.output_tokens > 1:
         out["tpot"] = (rec.latency - rec.ttft) * 1000.0 / (rec.output_tokens - 1)

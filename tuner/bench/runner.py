@@ -18,10 +18,9 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import aiohttp
 from tqdm import tqdm
 
-from tuner.bench.client import CONNECTION_ERROR, HTTP_ERROR, STREAM_ERROR, Activity, StreamClient, base_url
+from tuner.bench.client import ABORTED, CONNECTION_ERROR, HTTP_ERROR, STREAM_ERROR, Activity, EventHook, StreamClient
 from tuner.bench.health import HANG, SERVER_DIED, UNHEALTHY, HealthWatch, stall_watch
 from tuner.bench.metrics import cell_metrics
 from tuner.bench.prompts import PromptMaker
@@ -62,11 +61,11 @@ class CellResult:
 class _CellRun:
     """State shared by one cell's request loops and its watchers."""
 
-    def __init__(self, client: StreamClient, cell: Cell, prompts: list[str],
+    def __init__(self, client: StreamClient, cell: Cell, payloads: list[bytes],
                  health: HealthWatch | None, pbar: tqdm) -> None:
         self.client = client
         self.cell = cell
-        self.prompts = prompts
+        self.payloads = payloads
         self.health = health
         self.pbar = pbar
         self.records: list[RequestRecord] = []
@@ -83,7 +82,7 @@ class _CellRun:
     async def one(self, i: int) -> None:
         rec = RequestRecord(send_time=0.0)
         self.records.append(rec)
-        await self.client.request(self.prompts[i % len(self.prompts)], self.cell.output_len, rec)
+        await self.client.request(self.payloads[i % len(self.payloads)], rec)
         self.pbar.update(1)
         if rec.ok:
             self.successes += 1
@@ -149,12 +148,12 @@ def _duration(records: Sequence[RequestRecord], wall_s: float) -> float:
     return wall_s
 
 
-async def _run_cell(client: StreamClient, cell: Cell, prompts: list[str], *, health: HealthWatch | None,
+async def _run_cell(client: StreamClient, cell: Cell, payloads: list[bytes], *, health: HealthWatch | None,
                     rng: random.Random, time_scale: float, stall_timeout_s: float,
-                    slo_ms: Mapping[str, float] | None, progress: bool) -> CellResult:
-    with tqdm(total=cell.num_prompts, desc=cell.key, unit="req", file=sys.stderr,
+                    slo_ms: Mapping[str, float] | None, progress: bool, label: str | None = None) -> CellResult:
+    with tqdm(total=cell.num_prompts, desc=label or cell.key, unit="req", file=sys.stderr,
               disable=not progress, leave=True) as pbar:
-        run = _CellRun(client, cell, prompts, health, pbar)
+        run = _CellRun(client, cell, payloads, health, pbar)
         start = time.perf_counter()
         deadline = start + cell.duration_s / time_scale if cell.duration_s is not None else None
         if cell.request_rate is None:
@@ -175,7 +174,7 @@ async def _run_cell(client: StreamClient, cell: Cell, prompts: list[str], *, hea
         wall = time.perf_counter() - start
     records = run.records
     for rec in records:
-        if rec.error_class == "aborted" and run.error_class is not None:
+        if rec.error_class == ABORTED and run.error_class is not None:
             rec.error_class = run.error_class
             rec.error = f"aborted: {run.error}"
     error_class, error = run.error_class, run.error
@@ -187,11 +186,11 @@ async def _run_cell(client: StreamClient, cell: Cell, prompts: list[str], *, hea
     return CellResult(cell, records, duration, cell_metrics(records, duration, slo_ms), error_class, error)
 
 
-def _prompt_pool(maker: PromptMaker, cell: Cell, rng: random.Random) -> list[str]:
+def _payloads(client: StreamClient, maker: PromptMaker, cell: Cell, rng: random.Random) -> list[bytes]:
     n = max(2 * cell.concurrency, min(cell.num_prompts or MAX_PROMPT_POOL, MAX_PROMPT_POOL))
     if cell.num_prompts is not None:
         n = min(n, cell.num_prompts)
-    return [maker.make(cell.input_len, rng) for _ in range(max(n, 1))]
+    return [client.prepare(maker.make(cell.input_len, rng), cell.output_len) for _ in range(max(n, 1))]
 
 
 async def run_cells_async(
@@ -209,38 +208,38 @@ async def run_cells_async(
     slo_ms: Mapping[str, float] | None = None,
     on_cell: Callable[[CellResult], None] | None = None,
     progress: bool = False,
+    on_event: EventHook | None = None,
 ) -> list[CellResult]:
-    """The asynchronous form of `run_cells`, for callers that already run an event loop."""
+    """The asynchronous form of `run_cells`, for callers that already run an event loop.
+    `on_event(record, event, arrival)` sees every parsed SSE event (see client.EventHook)."""
     maker = PromptMaker(tokenizer_dir)
-    activity = Activity()
-    connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=60)
-    timeout = aiohttp.ClientTimeout(total=None, sock_connect=10)
+    client = StreamClient(endpoint, model_name=model_name, api=api, request_extra=request_extra,
+                          activity=Activity(), on_event=on_event)
+    health = HealthWatch(health_url) if health_url else None
     results: list[CellResult] = []
-    async with aiohttp.ClientSession(connector=connector, timeout=timeout, auto_decompress=False) as session:
-        client = StreamClient(session, base_url(endpoint), model_name=model_name, api=api,
-                              request_extra=request_extra, activity=activity)
-        health = HealthWatch(health_url) if health_url else None
+    try:
         if health is not None:
             await health.__aenter__()
-        try:
-            time_scale = await health.time_scale() if health is not None else 1.0
-            common = dict(health=health, time_scale=time_scale, stall_timeout_s=stall_timeout_s,
-                          slo_ms=slo_ms, progress=progress)
-            if warmup is not None and warmup.requests > 0:
-                wcell = Cell(warmup.requests, warmup.input_len, warmup.output_len, num_prompts=warmup.requests)
-                wrng = random.Random(f"{seed}:warmup")
-                await _run_cell(client, wcell, _prompt_pool(maker, wcell, wrng), rng=wrng, **common)
-            for index, cell in enumerate(cells):
-                rng = random.Random(f"{seed}:{index}")
-                result = await _run_cell(client, cell, _prompt_pool(maker, cell, rng), rng=rng, **common)
-                results.append(result)
-                if on_cell is not None:
-                    on_cell(result)
-                if result.error_class in FATAL:
-                    break
-        finally:
-            if health is not None:
-                await health.__aexit__(None, None, None)
+        time_scale = await health.time_scale() if health is not None else 1.0
+        common = dict(health=health, time_scale=time_scale, stall_timeout_s=stall_timeout_s,
+                      slo_ms=slo_ms, progress=progress)
+        if warmup is not None and warmup.requests > 0:
+            wcell = Cell(warmup.requests, warmup.input_len, warmup.output_len, num_prompts=warmup.requests)
+            wrng = random.Random(f"{seed}:warmup")
+            await _run_cell(client, wcell, _payloads(client, maker, wcell, wrng), rng=wrng, label="warm-up",
+                            **common)
+        for index, cell in enumerate(cells):
+            rng = random.Random(f"{seed}:{index}")
+            result = await _run_cell(client, cell, _payloads(client, maker, cell, rng), rng=rng, **common)
+            results.append(result)
+            if on_cell is not None:
+                on_cell(result)
+            if result.error_class in FATAL:
+                break
+    finally:
+        client.close()
+        if health is not None:
+            await health.__aexit__(None, None, None)
     return results
 
 

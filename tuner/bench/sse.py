@@ -2,8 +2,8 @@
 
 Network reads split events anywhere: inside a line, inside a CRLF pair, inside a multi-byte UTF-8
 character.  Lines are therefore cut on bytes (a newline byte never occurs inside a UTF-8 sequence)
-and decoded only once complete, so no decoder state is needed.  The per-read cost is a few
-`bytes.find` calls: at high concurrency the client must not spend its time here.
+and decoded only once complete, so no decoder state is needed.  The per-read cost is one
+`bytes.split` and a short loop: at high concurrency the client must not spend its time here.
 """
 
 from __future__ import annotations
@@ -25,39 +25,25 @@ class SSEParser:
 
     def feed(self, chunk: bytes) -> list[str]:
         buf = self._buf + chunk if self._buf else chunk
+        lines = buf.split(b"\n")
+        # the last piece has no newline yet (b"" when the read ended on one); a lone trailing CR
+        # in it may be the first half of a CRLF, so it waits too
+        self._buf = lines.pop()
         events: list[str] = []
-        start = 0
-        while True:
-            nl = buf.find(b"\n", start)
-            if nl < 0:
-                # a lone trailing CR may be the first half of a CRLF: keep it for the next read
-                break
-            end = nl - 1 if nl > start and buf[nl - 1] == 13 else nl
-            self._line(buf[start:end], events)
-            start = nl + 1
-        self._buf = buf[start:]
+        data = self._data
+        for line in lines:
+            if line[-1:] == b"\r":
+                line = line[:-1]
+            if not line:
+                if data:
+                    events.append(data[0] if len(data) == 1 else "\n".join(data))
+                    data.clear()
+            elif line[:5] == b"data:":
+                value = line[6:] if line[5:6] == b" " else line[5:]
+                data.append(value.decode("utf-8", errors="replace"))
+            # other fields and ':' comments carry nothing we use
         return events
 
     def close(self) -> list[str]:
         """End of stream: a final event without its blank line still counts (lenient servers)."""
-        events: list[str] = []
-        if self._buf:
-            self._line(self._buf.rstrip(b"\r"), events)
-            self._buf = b""
-        if self._data:
-            events.append("\n".join(self._data))
-            self._data = []
-        return events
-
-    def _line(self, line: bytes, events: list[str]) -> None:
-        if not line:
-            if self._data:
-                events.append("\n".join(self._data))
-                self._data = []
-            return
-        if line.startswith(b"data:"):
-            value = line[5:]
-            if value[:1] == b" ":
-                value = value[1:]
-            self._data.append(value.decode("utf-8", errors="replace"))
-        # other fields and ':' comments carry nothing we use
+        return self.feed(b"\n\n") if self._buf or self._data else []
