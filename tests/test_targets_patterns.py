@@ -43,7 +43,7 @@ CASES = [
                      "generation loop: CUDA out of memory. Tried to allocate 32.00 MiB.", True, None, "oom"),
     ("transformers", "torch.OutOfMemoryError: CUDA out of memory.", False, None, "oom"),
     ("transformers", "MemoryError: Memory footprint 80.5 GiB is more than available memory 70.1 GiB",
-     False, None, "startup"),
+     True, None, "oom"),
     ("transformers", "Error in generation loop: index out of range", True, None, "unhealthy"),
     ("transformers", "INFO:     127.0.0.1:50000 - \"GET /health HTTP/1.1\" 200 OK", True, None, "ok"),
 ]

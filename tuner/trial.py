@@ -39,6 +39,7 @@ class TrialContext:
     gpu_index: int | None = None         # NVML index of the real GPU to check between trials
     gpu_baseline_bytes: int = 0          # its memory use when idle
     gpu_wait_s: float = 300.0
+    extra_env: dict[str, str] = field(default_factory=dict)  # added to every server's environment
 
 
 @dataclass
@@ -96,6 +97,7 @@ def run_trial(ctx: TrialContext, params: dict[str, Any], trial_dir: Path,
         params, model=ctx.model_dir, host=HOST, port=port,
         max_output_len=max(c.output_len for c in cells), simulate=ctx.simulate,
         extra_placeholders={"time_scale": f"{scale:g}"})
+    env = {**ctx.extra_env, **env}
     (trial_dir / "argv.json").write_text(json.dumps({"argv": argv, "env": env}, indent=1))
     server = ServerProcess(argv, env, host=HOST, port=port,
                            health_path=ctx.space.server.health_path,

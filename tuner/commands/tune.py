@@ -55,6 +55,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--no-export", action="store_true", help="skip writing best.env and report.html")
     p.add_argument("--gpus", help="comma-separated GPU indices: one worker per GPU on this host, sharing the study")
     p.add_argument("--gpu-index", type=int, help=argparse.SUPPRESS)  # set by --gpus for each worker
+    p.add_argument("--gpu-memory-cap", metavar="SIZE",
+                   help="tune for a smaller card: cap the server process's GPU memory, e.g. 24GiB "
+                        "(servers started through tuner's launchers, e.g. the transformers space)")
     p.add_argument("--gpu-wait", type=float, default=300.0,
                    help="seconds to wait for the GPU to be free before a trial (default: %(default)s)")
 
@@ -96,11 +99,14 @@ def run(args: argparse.Namespace) -> int:
                        stall_timeout_s=args.stall_timeout,
                        gpu_index=gpu_index if gpu_state is not None else None,
                        gpu_baseline_bytes=gpu_state.used_bytes if gpu_state else 0,
-                       gpu_wait_s=args.gpu_wait)
+                       gpu_wait_s=args.gpu_wait,
+                       extra_env=_cap_env(args.gpu_memory_cap))
     if args.simulate:
         gpu_desc = f"{args.simulate} (simulated)"
     else:
         gpu_desc = gpu_state.describe if gpu_state else "unknown GPU (NVML unavailable)"
+        if args.gpu_memory_cap:
+            gpu_desc += f", capped at {args.gpu_memory_cap}"
     storage = open_storage(url)
     sampler = make_sampler(args.sampler, args.seed, args.trials, n_objectives=len(objectives),
                            simulated=args.simulate is not None)
@@ -148,6 +154,29 @@ def _export(study: optuna.Study, folder: Path) -> None:
     figs = write_report(folder / "report.html", study, choice)
     store_in_dashboard(study, figs)
     print(f"wrote {folder / 'report.html'}")
+
+
+def parse_size_gib(text: str) -> float:
+    """'24GiB', '24G', '24576MiB' or a bare number of GiB -> GiB."""
+    t = text.strip().lower().replace(" ", "")
+    for suffix, scale in (("gib", 1.0), ("gb", 1e9 / 2**30), ("g", 1.0), ("mib", 1 / 1024),
+                          ("mb", 1e6 / 2**30), ("m", 1 / 1024)):
+        if t.endswith(suffix):
+            t, factor = t[: -len(suffix)], scale
+            break
+    else:
+        factor = 1.0
+    try:
+        value = float(t) * factor
+    except ValueError:
+        raise UsageError(f"not a memory size: '{text}' (e.g. 24GiB)") from None
+    if value <= 0:
+        raise UsageError(f"memory size must be positive: '{text}'")
+    return value
+
+
+def _cap_env(cap: str | None) -> dict[str, str]:
+    return {"TUNER_GPU_MEMORY_CAP_GIB": f"{parse_size_gib(cap):g}"} if cap else {}
 
 
 def _argv_without_gpus(argv: list[str]) -> list[str]:

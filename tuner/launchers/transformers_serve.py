@@ -4,7 +4,7 @@ things its command line lacks.
 - A GPU memory cap, `TUNER_GPU_MEMORY_CAP_GIB`: to tune for a 24 GiB card on a 141 GiB one the
   OOMs must be those of the small card. `torch.cuda.set_per_process_memory_fraction` makes the
   caching allocator refuse past the cap, so they are real `torch.OutOfMemoryError`s. (transformers'
-  own start-up check reads the card's free memory, not the cap: pass `--cb-num-blocks` under a cap.)
+  own start-up check and KV auto-sizing read `torch.cuda.mem_get_info`, which is capped too.)
 - `ContinuousBatchingConfig` fields that have no `--cb-*` flag, from `TUNER_CB_<FIELD>` variables
   (`TUNER_CB_SCHEDULER_TYPE=prefill_first`, `TUNER_CB_MAX_REQUESTS_PER_BATCH=64`), so that a search
   space can sample them as `env` parameters. They are set in the config's `__post_init__`, so every
@@ -98,13 +98,26 @@ def device_index(argv: Sequence[str]) -> int:
 
 
 def apply_memory_cap(cap_gib: float, device: int) -> float:
-    """Cap this process's CUDA allocations on `device`; returns the fraction of the card."""
+    """Make this process see a card of `cap_gib`; returns the fraction of the real card.
+
+    The caching allocator refuses past the cap (real `torch.OutOfMemoryError`s), and
+    `torch.cuda.mem_get_info` reports the small card's total and free memory, which is what
+    transformers' KV-cache auto-sizing and its start-up footprint check read
+    (continuous_batching/requests.py, get_device_and_memory_breakdown, transformers 5.17).
+    """
     import torch
 
     total = torch.cuda.get_device_properties(device).total_memory
-    fraction = min(1.0, cap_gib * 2**30 / total)
-    torch.cuda.set_per_process_memory_fraction(fraction, device)
-    return fraction
+    cap = min(total, int(cap_gib * 2**30))
+    torch.cuda.set_per_process_memory_fraction(cap / total, device)
+    real_mem_get_info = torch.cuda.mem_get_info
+
+    def capped_mem_get_info(dev: Any = None) -> tuple[int, int]:
+        free, real_total = real_mem_get_info(dev)
+        return max(0, cap - (real_total - free)), cap
+
+    torch.cuda.mem_get_info = capped_mem_get_info
+    return cap / total
 
 
 def install_cb_overrides(config_cls: type, overrides: Mapping[str, Any]) -> None:
