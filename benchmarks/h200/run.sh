@@ -26,7 +26,7 @@ mkdir -p $STUDIES/$STUDY
 cat "$OUT/env.txt"
 if [ "$STAGE" = tune ] || [ "$STAGE" = all ]; then
   python3 -m tuner.cli tune "${COMMON[@]}" --trials ${TRIALS:-12} --study $STUDY --studies-dir $STUDIES \
-    --gpu-memory-cap $CAP --stall-timeout 60 --sampler ${SAMPLER:-auto} 2>&1 | tr '\r' '\n' | grep -v '^ *[0-9]*%|' 
+    --gpu-memory-cap $CAP --stall-timeout 60 --startup-timeout 180 --sampler ${SAMPLER:-auto} 2>&1 | tr '\r' '\n' | grep -v '^ *[0-9]*%|' 
   cp $STUDIES/$STUDY/study.db "$OUT/study.db"
 fi
 if [ "$STAGE" = compare ] || [ "$STAGE" = all ]; then

@@ -52,6 +52,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="repeatable; default: the workload's, else " + "; ".join(DEFAULT_OBJECTIVES))
     p.add_argument("--stall-timeout", type=float, default=60.0,
                    help="seconds without any token that count as a hang (default: %(default)s)")
+    p.add_argument("--startup-timeout", type=float,
+                   help="seconds the server may take to answer /health (default: the space's)")
     p.add_argument("--no-export", action="store_true", help="skip writing best.env and report.html")
     p.add_argument("--gpus", help="comma-separated GPU indices: one worker per GPU on this host, sharing the study")
     p.add_argument("--gpu-index", type=int, help=argparse.SUPPRESS)  # set by --gpus for each worker
@@ -96,7 +98,7 @@ def run(args: argparse.Namespace) -> int:
     gpu_state = read_gpu(gpu_index) if gpu_index is not None else None
     ctx = TrialContext(space=space, workload=workload, model_dir=args.model,
                        simulate=args.simulate, time_scale=args.time_scale,
-                       stall_timeout_s=args.stall_timeout,
+                       stall_timeout_s=args.stall_timeout, startup_timeout_s=args.startup_timeout,
                        gpu_index=gpu_index if gpu_state is not None else None,
                        gpu_baseline_bytes=gpu_state.used_bytes if gpu_state else 0,
                        gpu_wait_s=args.gpu_wait,
