@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import signal
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -15,6 +16,7 @@ import optuna
 from tuner import report, studyref
 from tuner.commands.export import SLO_HELP, add_pick_args, pick_trial
 from tuner.errors import UsageError
+from tuner.knobs import describe, knob_report
 from tuner.select import Choice, is_feasible, is_measured, outcome, pareto_front, study_objectives
 
 
@@ -57,8 +59,15 @@ def as_json(study: optuna.Study, pareto: Sequence[int], choice: Choice | None, r
     doc = {"study": study.study_name, "objectives": [str(o) for o in study_objectives(study)],
            "trials": [trial_record(t) for t in study.get_trials(deepcopy=False)],
            "pareto": list(pareto), "chosen": choice.trial.number if choice else None,
-           "chosen_rule": choice.rule if choice else None, "report": report_path}
+           "chosen_rule": choice.rule if choice else None, "report": report_path,
+           "knobs": _knobs_json(study)}
     return json.dumps(doc, indent=2, default=str, allow_nan=False)
+
+
+def _knobs_json(study: optuna.Study) -> dict[str, Any] | None:
+    rep = knob_report(study)
+    return None if rep is None else {"trials_used": rep.trials_used, "importance": rep.importance,
+                                     "no_effect": rep.no_effect, "constant": rep.constant}
 
 
 def _cell(v: Any) -> str:
@@ -96,6 +105,9 @@ def serve(storage: str, host: str, port: int) -> int:
         raise UsageError("--serve needs optuna-dashboard: pip install 'tuner[dashboard]' "
                          "(or pip install optuna-dashboard)") from None
     print(f"optuna-dashboard on http://{host}:{port}/ for {storage} (Ctrl-C to stop)", file=sys.stderr)
+    # A process started from a script's background job inherits SIGINT ignored; Ctrl-C is the
+    # documented way to stop the dashboard, so take it back.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         run_server(storage, host=host, port=port)
     except KeyboardInterrupt:
@@ -126,6 +138,7 @@ def run(args: argparse.Namespace) -> int:
         print(as_json(study, pareto, choice, report_path))
     else:
         print(as_table(study, pareto, choice))
+        print(describe(knob_report(study)))
         if report_path:
             print(f"report: {report_path}")
     return 0

@@ -18,6 +18,7 @@ from tqdm import tqdm
 from tuner import envfile, export
 from tuner.errors import UsageError
 from tuner.gpu import read_gpu
+from tuner.knobs import describe, knob_report
 from tuner.objectives import DEFAULT_OBJECTIVES, check_metric, parse_objectives
 from tuner.paths import shipped
 from tuner.space import load_space
@@ -214,3 +215,4 @@ def _summary(study: optuna.Study) -> None:
     for t in trials:
         counts[t.user_attrs.get("outcome", "?")] = counts.get(t.user_attrs.get("outcome", "?"), 0) + 1
     print("outcomes: " + ", ".join(f"{k}={v}" for k, v in sorted(counts.items())))
+    print(describe(knob_report(study)))

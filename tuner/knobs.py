@@ -1,0 +1,69 @@
+"""Which knobs moved nothing: a check that a study's knobs reach the server at all.
+
+A knob the server does not read (the seed report's INFINILM_* scheduler variables against an
+unpatched InfiniLM, a typo in an env name) silently wastes the sampler's budget.  Over the
+trials that ran to completion, each knob's fANOVA importance for each objective says how much
+of the objective's variance it explains; a knob below `threshold` for every objective showed no
+measurable effect in this study.  With few trials fANOVA is noisy, so this is a warning to
+look, not a proof: the report says how many trials it used.
+"""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass
+
+import optuna
+from optuna.importance import FanovaImportanceEvaluator, get_param_importances
+from optuna.trial import TrialState
+
+MIN_TRIALS = 5
+
+
+@dataclass(frozen=True)
+class KnobReport:
+    trials_used: int
+    importance: dict[str, dict[str, float]]   # knob -> objective label -> share of variance
+    no_effect: list[str]                      # knobs below the threshold for every objective
+    constant: list[str]                       # knobs that took a single value in those trials
+
+
+def knob_report(study: optuna.Study, threshold: float = 0.02) -> KnobReport | None:
+    """fANOVA importances over the study's `ok` trials; None with fewer than MIN_TRIALS."""
+    ok = [t for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+          if t.user_attrs.get("outcome") == "ok" and "cached_from" not in t.user_attrs]
+    if len(ok) < MIN_TRIALS:
+        return None
+    labels = [str(x) for x in study.user_attrs.get("objectives", [])] or \
+        [f"objective {i}" for i in range(len(study.directions))]
+    params = sorted({k for t in ok for k in t.params})
+    constant = [p for p in params if len({repr(t.params.get(p)) for t in ok}) == 1]
+    varying = [p for p in params if p not in constant]
+    shadow = optuna.create_study(directions=study.directions)
+    shadow.add_trials(ok)
+    importance: dict[str, dict[str, float]] = {p: {} for p in varying}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for i, label in enumerate(labels):
+            if len({t.values[i] for t in ok}) < 2:
+                continue
+            scores = get_param_importances(shadow, evaluator=FanovaImportanceEvaluator(seed=0),
+                                           params=varying, target=lambda t, i=i: t.values[i])
+            for p in varying:
+                importance[p][label] = float(scores.get(p, 0.0))
+    no_effect = [p for p in varying if all(v < threshold for v in importance[p].values())]
+    return KnobReport(len(ok), importance, no_effect, constant)
+
+
+def describe(report: KnobReport | None, threshold: float = 0.02) -> str:
+    if report is None:
+        return f"knob check: needs at least {MIN_TRIALS} ok trials"
+    lines = [f"knob check over {report.trials_used} ok trials (fANOVA share of each objective's variance):"]
+    for knob, per in sorted(report.importance.items(), key=lambda kv: -max(kv[1].values(), default=0)):
+        lines.append(f"  {knob:28s} " + "  ".join(f"{lab}={v:.2f}" for lab, v in per.items()))
+    if report.no_effect:
+        lines.append(f"  no measurable effect (< {threshold:.0%} on every objective): "
+                     + ", ".join(report.no_effect) + " -- does the server read them?")
+    if report.constant:
+        lines.append("  never varied among ok trials: " + ", ".join(report.constant))
+    return "\n".join(lines)
