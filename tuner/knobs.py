@@ -63,7 +63,8 @@ def describe(report: KnobReport | None, threshold: float = 0.02) -> str:
         lines.append(f"  {knob:28s} " + "  ".join(f"{lab}={v:.2f}" for lab, v in per.items()))
     if report.no_effect:
         lines.append(f"  no measurable effect (< {threshold:.0%} on every objective): "
-                     + ", ".join(report.no_effect) + " -- does the server read them?")
+                     + ", ".join(report.no_effect) + " (with few trials this is noisy; if it persists,"
+                     " check that the server reads them)")
     if report.constant:
         lines.append("  never varied among ok trials: " + ", ".join(report.constant))
     return "\n".join(lines)

@@ -57,7 +57,7 @@ def open_storage(url: str) -> optuna.storages.BaseStorage:
     try:
         return optuna.storages.RDBStorage(
             url, heartbeat_interval=10, grace_period=30,
-            failed_trial_callback=optuna.storages.RetryFailedTrialCallback(max_retry=3))
+            heartbeat_stale_trial_callback=optuna.storages.RetryHeartbeatStaleTrialCallback(max_retry=3))
     except Exception as exc:  # sqlalchemy raises many types for a bad or unreachable URL
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise UsageError(f"cannot open storage {url}: {first}") from None

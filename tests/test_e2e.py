@@ -1,0 +1,109 @@
+"""End to end on the simulated InfiniLM server: real processes on loopback, real CLI."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import optuna
+import pytest
+
+from tuner.bench.records import Cell
+from tuner.cli import main
+from tuner.launch import port_is_free
+from tuner.space import load_space
+from tuner.trial import TrialContext, run_trial
+from tuner.workload import load_workload
+
+ROOT = Path(__file__).resolve().parents[1]
+MODEL = str(ROOT / "models" / "llama-3.1-8b")
+SPACE = ROOT / "search_spaces" / "infinilm.yaml"
+QUICK = ROOT / "studies" / "quick.yaml"
+
+
+def _sim_processes(marker: str) -> list[int]:
+    """Pids of live simulated servers whose command line mentions `marker`."""
+    pids = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            cmd = Path(f"/proc/{entry}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+            state = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if "tuner.sim" in cmd and marker in cmd and state != "Z":
+            pids.append(int(entry))
+    return pids
+
+
+def _ports(trials_dir: Path) -> list[int]:
+    return [json.loads(p.read_text())["port"] for p in trials_dir.glob("*/server.json")]
+
+
+def test_oom_under_load_is_classified_oom_and_the_server_is_gone(tmp_path):
+    # 96 x 256 blocks on the 4090: starts fine, the first 4096-token prefill overflows (the seed).
+    ctx = TrialContext(space=load_space(SPACE), workload=load_workload(QUICK), model_dir=MODEL,
+                       simulate="rtx4090", time_scale=50.0, stall_timeout_s=60.0)
+    params = {"num_blocks": 96, "block_size": 256, "max_batch_size": 8}
+    res = run_trial(ctx, params, tmp_path / "t0", cells=[Cell(1, 4096, 16, num_prompts=1)])
+    log = (tmp_path / "t0" / "server.log").read_text()
+    assert "cudaMalloc failed" in log and "Error in step loop" in log
+    assert res.outcome.kind == "oom" and "under load" in res.outcome.reason
+    port = json.loads((tmp_path / "t0" / "server.json").read_text())["port"]
+    assert port_is_free(port) and not _sim_processes(str(port))
+
+
+def test_tune_export_inspect_on_the_simulator(tmp_path, capsys):
+    studies = tmp_path / "studies"
+    assert main(["tune", "--model", MODEL, "--simulate", "rtx4090", "--trials", "4", "--study", "e2e",
+                 "--studies-dir", str(studies), "--sampler", "random", "--seed", "3"]) == 0
+    folder = studies / "e2e"
+    assert (folder / "report.html").stat().st_size > 100_000
+    study = optuna.load_study(study_name="e2e", storage=f"sqlite:///{folder / 'study.db'}")
+    trials = study.get_trials()
+    assert len(trials) == 4 and all(t.state == optuna.trial.TrialState.COMPLETE for t in trials)
+    for t in trials:
+        assert t.constraints["feasible"] == (0.0 if t.user_attrs["outcome"] == "ok" else 1.0)
+    capsys.readouterr()
+    assert main(["inspect", "--study", "e2e", "--studies-dir", str(studies), "--format", "json",
+                 "--no-report"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert [t["number"] for t in doc["trials"]] == [0, 1, 2, 3]
+    assert {"number", "params", "outcome", "values", "constraints"} <= set(doc["trials"][0])
+    assert "pareto" in doc
+    if any(t.user_attrs["outcome"] == "ok" for t in trials):
+        assert (folder / "best.env").is_file()
+    for port in _ports(folder / "trials"):
+        assert port_is_free(port) and not _sim_processes(f"--port {port}")
+
+
+@pytest.mark.timeout(120)
+def test_ctrl_c_mid_trial_leaves_no_server_and_frees_the_port(tmp_path):
+    studies = tmp_path / "studies"
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "tuner.cli", "tune", "--model", MODEL, "--simulate", "rtx4090",
+         "--time-scale", "2", "--trials", "3", "--study", "cc", "--studies-dir", str(studies),
+         "--sampler", "random"], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        start_new_session=True)
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and not list((studies / "cc" / "trials").glob("*/server.json")):
+            time.sleep(0.1)
+        time.sleep(1.0)  # the server is up and serving
+        port = _ports(studies / "cc" / "trials")[0]
+        assert _sim_processes(f"--port {port}"), "no simulated server started"
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    assert proc.returncode == 130, err.decode()[-2000:]
+    assert b"interrupted" in err
+    for port in _ports(studies / "cc" / "trials"):
+        assert port_is_free(port) and not _sim_processes(f"--port {port}")
