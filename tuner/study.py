@@ -10,22 +10,33 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import optuna
 from optuna.trial import TrialState
 
 from tuner import __version__
 from tuner.errors import UsageError
+from tuner.grid import grid_space
 from tuner.objectives import Objective, slo_violations
 from tuner.recovery import WORKER_ATTR, worker_id
+from tuner.space import SearchSpace
 from tuner.trial import TrialContext, TrialResult, run_trial
 
-SAMPLERS = ("auto", "gp", "tpe", "nsga2", "random")
+if TYPE_CHECKING:
+    from tuner.pipeline import AdaptivePipeline
+
+SAMPLERS = ("auto", "gp", "tpe", "nsga2", "random", "grid")
 
 
-def make_sampler(name: str, seed: int | None, n_trials: int) -> optuna.samplers.BaseSampler:
-    """`auto`: GPSampler (sample-efficient, constraint-aware) for small budgets, TPE beyond."""
+def make_sampler(name: str, seed: int | None, n_trials: int,
+                 space: SearchSpace | None = None) -> optuna.samplers.BaseSampler:
+    """`auto`: GPSampler (sample-efficient, constraint-aware) for small budgets, TPE beyond
+    (benchmarks/search_efficiency.py measures the choice); `grid` needs the space."""
+    if name == "grid":
+        if space is None:
+            raise UsageError("--sampler grid needs the search space")
+        return optuna.samplers.GridSampler(grid_space(space), seed=seed)
     if name == "auto":
         name = "gp" if n_trials <= 100 else "tpe"
     if name == "gp":
@@ -124,6 +135,7 @@ class TrialObjective:
     objectives: list[Objective]
     trials_dir: Path
     max_trials: int | None = None
+    pipeline: AdaptivePipeline | None = None   # pre-screen, staging, confirm (tuner/pipeline.py)
 
     def __call__(self, trial: optuna.Trial) -> tuple[float, ...]:
         study = trial.study
@@ -140,7 +152,10 @@ class TrialObjective:
             return _copy_result(trial, done)
         trial_dir = self.trials_dir / str(trial.number)
         trial.set_user_attr("trial_dir", str(trial_dir))
-        result = run_trial(self.ctx, params, trial_dir)
+        if self.pipeline is not None:
+            result = self.pipeline.run(study, params, trial_dir)
+        else:
+            result = run_trial(self.ctx, params, trial_dir)
         return record(trial, result, self.objectives, self.ctx.workload.slo or {})
 
 

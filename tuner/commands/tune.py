@@ -14,10 +14,14 @@ import optuna
 from optuna.trial import TrialState
 from tqdm import tqdm
 
+from tuner.adaptive import add_adaptive_args, capacity_bytes, check_adaptive_args, warm_start
+from tuner.bounds import resolve_space, resolved_bounds
 from tuner.errors import UsageError
 from tuner.gpu import read_gpu
 from tuner.objectives import DEFAULT_OBJECTIVES, check_metric, parse_objectives
 from tuner.paths import shipped
+from tuner.modelinfo import load_model_info
+from tuner.pipeline import AdaptivePipeline
 from tuner.space import load_space
 from tuner.recovery import recover
 from tuner.study import (SAMPLERS, TrialObjective, counted, create_or_load, make_sampler,
@@ -53,6 +57,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--gpu-index", type=int, help=argparse.SUPPRESS)  # set by --gpus for each worker
     p.add_argument("--gpu-wait", type=float, default=300.0,
                    help="seconds to wait for the GPU to be free before a trial (default: %(default)s)")
+    add_adaptive_args(p)
 
 
 def _check_model(path: str) -> None:
@@ -72,8 +77,10 @@ def run(args: argparse.Namespace) -> int:
     if args.time_scale <= 0:
         raise UsageError("--time-scale must be positive")
     _check_model(args.model)
+    check_adaptive_args(args)
     space = load_space(shipped(args.space))
     workload = load_workload(shipped(args.workload))
+    model = load_model_info(args.model)
     objectives = parse_objectives(args.objective or workload.objectives or list(DEFAULT_OBJECTIVES))
     for metric in (workload.slo or {}):
         check_metric(metric, f"{args.workload}: slo")
@@ -84,6 +91,8 @@ def run(args: argparse.Namespace) -> int:
         Path(url[len("sqlite:///"):]).parent.mkdir(parents=True, exist_ok=True)
     gpu_index = args.gpu_index if args.gpu_index is not None else (None if args.simulate else 0)
     gpu_state = read_gpu(gpu_index) if gpu_index is not None else None
+    capacity = capacity_bytes(args, gpu_state)
+    space = resolve_space(space, model, capacity, workload.cells)
     ctx = TrialContext(space=space, workload=workload, model_dir=args.model,
                        simulate=args.simulate, time_scale=args.time_scale,
                        stall_timeout_s=args.stall_timeout,
@@ -95,8 +104,10 @@ def run(args: argparse.Namespace) -> int:
     else:
         gpu_desc = gpu_state.describe if gpu_state else "unknown GPU (NVML unavailable)"
     storage = open_storage(url)
-    sampler = make_sampler(args.sampler, args.seed, args.trials)
+    sampler = make_sampler(args.sampler, args.seed, args.trials, space)
     study = create_or_load(name, storage, ctx, objectives, sampler, gpu_desc)
+    if "bounds" not in study.user_attrs:
+        study.set_user_attr("bounds", resolved_bounds(space))
     if args.gpus:
         worker_argv = [a for a in _argv_without_gpus(sys.argv[1:])]
         return run_workers(worker_argv, parse_gpus(args.gpus))
@@ -104,10 +115,16 @@ def run(args: argparse.Namespace) -> int:
     retried = recover(study, trials_dir)
     if retried:
         print(f"study {name}: re-queued trial(s) {retried} of a worker that died")
+    queued = warm_start(study, space, args, url, studies_dir)
+    if queued:
+        print(f"study {name}: {queued} warm-start config(s) queued first")
     done = _finished(study)
     print(f"study {name}: {done} finished trials, running up to {max(0, args.trials - done)} more ({url})")
+    pipeline = AdaptivePipeline(ctx, objectives, model, capacity,
+                                prescreen=not args.no_prescreen, screen_cells=args.screen_cells,
+                                confirm=args.confirm)
     objective = TrialObjective(ctx=ctx, objectives=objectives, trials_dir=trials_dir,
-                               max_trials=args.trials)
+                               max_trials=args.trials, pipeline=pipeline)
     bar = tqdm(total=args.trials, initial=done, unit="trial", dynamic_ncols=True)
 
     def on_trial(study: optuna.Study, trial: optuna.trial.FrozenTrial) -> None:
