@@ -16,18 +16,22 @@ Cost: simulated GPU seconds = LAUNCH_S per server launch (an 8B model loads in a
 Methods, each at budgets of 20, 40 and 60 trials over 10 seeds (budgets are prefixes of one
 60-trial study per seed and method, see `_prefix`):
 * tuner `auto` (GPSampler with constraints, defaults enqueued, pre-screen, 3 screening cells);
+* tuner with `--sampler tpe` (the same pipeline), to check what `auto` should pick;
 * random: RandomSampler, every config runs the full matrix (a plain Optuna setup);
 * grid: GridSampler over the ground-truth grid, visited in seeded random order, full matrix.
 A budget-40 comparison of the KV parametrisations (tokens + block size vs blocks + block size)
 runs on 3 seeds.  Results are cached under benchmarks/out/ (git-ignored).
 
-Usage: python benchmarks/search_efficiency.py [--seeds 10] [--procs 2]
+Usage: python benchmarks/search_efficiency.py [--seeds 10] [--procs 2] [--methods auto,tpe,...]
+(finished studies are cached per code version under benchmarks/out/studies/, so a run that was
+interrupted, or one with more methods, redoes only what is missing)
 """
 
 from __future__ import annotations
 
 import argparse
 import functools
+import hashlib
 import itertools
 import math
 import multiprocessing as mp
@@ -167,7 +171,7 @@ def run_study(method: str, seed: int, budget: int, space_name: str = "tokens") -
     space = spaces()[space_name]
     ctx = context(space)
     objectives = parse_objectives(list(WORKLOAD.objectives))
-    adaptive = method == "auto"
+    adaptive = method in ("auto", "tpe")
     pipeline = AdaptivePipeline(ctx, objectives, load_model_info(MODEL), get_profile(GPU).memory_bytes,
                                 runner=InProcessRunner(GPU, simulate_fn=cached_simulate),
                                 prescreen=adaptive, screen_cells=3 if adaptive else 0)
@@ -198,8 +202,25 @@ def run_study(method: str, seed: int, budget: int, space_name: str = "tokens") -
             "rows": rows, "new": dict(_NEW)}
 
 
+def code_fingerprint() -> str:
+    """Hash of the tuner's code and this script: a cached study result is reused only if the
+    code that produced it is the code that would run now."""
+    h = hashlib.sha256()
+    for path in sorted([*(ROOT / "tuner").rglob("*.py"), Path(__file__).resolve(),
+                        ROOT / "search_spaces" / "infinilm.yaml"]):
+        h.update(path.read_bytes())
+    return h.hexdigest()[:12]
+
+
 def _run_job(job: tuple) -> dict[str, Any]:
-    return run_study(*job)
+    """run_study, remembered under benchmarks/out/studies/ per code version."""
+    path = OUT / "studies" / code_fingerprint() / ("-".join(map(str, job)) + ".pkl")
+    if path.is_file():
+        return {**pickle.loads(path.read_bytes()), "new": {}}
+    res = run_study(*job)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(pickle.dumps({k: v for k, v in res.items() if k != "new"}))
+    return res
 
 
 # ----- reporting --------------------------------------------------------------------------
@@ -217,6 +238,8 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--seeds", type=int, default=10)
     ap.add_argument("--procs", type=int, default=2)
+    ap.add_argument("--methods", default="auto,blocks,tpe,random,grid",
+                    help="which studies to run (blocks: auto on the num-blocks parametrisation)")
     args = ap.parse_args()
     t0 = time.time()
     cache_path = OUT / "simcache.pkl"
@@ -240,8 +263,10 @@ def main() -> int:
     print(f"grid: best {grid_best:.1f} tok/s, cost {grid_cost / 3600:.1f} GPU-h, "
           f"{sum(t['good'] for t in grid_truth)} meet the SLO, outcomes {counts}", flush=True)
     seeds = range(args.seeds)
-    jobs = [("auto", s, 60) for s in seeds] + [("auto", s, 40, "blocks") for s in seeds[:3]] + \
-           [(m, s, 60) for m in ("random", "grid") for s in seeds]
+    wanted = args.methods.split(",")
+    jobs = [("auto", s, 60) for s in seeds if "auto" in wanted] + \
+           [("auto", s, 40, "blocks") for s in seeds[:3] if "blocks" in wanted] + \
+           [(m, s, 60) for m in ("tpe", "random", "grid") if m in wanted for s in seeds]
     results = []
     with mp.Pool(args.procs, _init, (str(cache_path),)) as pool:
         for res in pool.imap_unordered(_run_job, jobs):
@@ -279,7 +304,7 @@ def report(results: list[dict[str, Any]], grid_best: float, grid_cost: float, n_
     print(head + "\n" + "-" * len(head))
     for budget in BUDGETS:
         rand = _prefix(results, "random", budget)
-        for method in ("auto", "random", "grid"):
+        for method in ("auto", "tpe", "random", "grid"):
             per = _prefix(results, method, budget)
             if not per:
                 continue

@@ -50,3 +50,12 @@ def test_runtime_calibrated_from_idle_memory_per_graph_setting():
     assert calibrated_runtime(history, False) == int(3.5 * GIB)
     assert calibrated_runtime(history, True) == int(4.0 * GIB)   # + the graph-pool prior
     assert calibrated_runtime([], False) == 2 * GIB
+
+
+def test_memory_constraint_is_graded_and_agrees_with_the_outcome():
+    from tuner.prescreen import memory_constraint
+    assert memory_constraint(30 * GIB, CAP, "oom") == 0.25
+    assert memory_constraint(20 * GIB, CAP, "oom") > 0            # the estimate was low: still > 0
+    assert memory_constraint(20 * GIB, CAP, "ok") == -1 / 6
+    assert memory_constraint(30 * GIB, CAP, "ok") < 0             # the estimate was high: still < 0
+    assert memory_constraint(30 * GIB, CAP, "skipped") > 0

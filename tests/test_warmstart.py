@@ -72,6 +72,7 @@ def test_pipeline_skips_runs_confirms_and_warm_starts_a_later_study():
     assert skipped.state.name == "COMPLETE" and skipped.user_attrs["outcome"] == "skipped"
     assert skipped.constraints["feasible"] > 0 and skipped.user_attrs["predicted_peak_bytes"] > \
         skipped.user_attrs["capacity_bytes"]
+    assert skipped.constraints["memory"] > 0 and ran.constraints["memory"] < 0
     assert ran.user_attrs["outcome"] == "ok" and ran.user_attrs["stage"] == "full"
     assert len(ran.user_attrs["repeats"]) == 2           # first run + 1 confirmation
     assert ran.user_attrs["cell_order"][0] == CELLS[0].key

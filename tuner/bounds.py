@@ -12,7 +12,6 @@ one request serves nothing.
 from __future__ import annotations
 
 import dataclasses
-import math
 import re
 
 from tuner.bench.records import Cell
@@ -91,24 +90,3 @@ def resolve_space(space: SearchSpace, model: ModelInfo, capacity: int | None,
 def resolved_bounds(space: SearchSpace) -> dict[str, list[float]]:
     """{name: [low, high]} of the auto-bounded knobs, stored with the study for the record."""
     return {p.name: [p.low, p.high] for p in space.parameters if p.high_auto}
-
-
-def clip_to_space(space: SearchSpace, params: dict) -> dict:
-    """Clip a config into the space (ints/floats into [low, high] and onto the step; unknown
-    names and values outside a categorical's choices dropped), for enqueueing known configs."""
-    out = {}
-    for p in space.parameters:
-        if p.name not in params or params[p.name] is None:
-            continue
-        value = params[p.name]
-        if p.type in ("int", "float"):
-            value = min(max(float(value), p.low), p.high)
-            if p.step:
-                value = p.low + math.floor((value - p.low) / p.step + 1e-9) * p.step
-            value = int(round(value)) if p.type == "int" else float(value)
-        elif p.type == "bool":
-            value = bool(value)
-        elif value not in p.choices:
-            continue
-        out[p.name] = value
-    return out

@@ -26,7 +26,8 @@ from tuner.memory import estimate, knobs_from_params
 from tuner.modelinfo import ModelInfo
 from tuner.objectives import Objective
 from tuner.outcome import Outcome
-from tuner.prescreen import MEMORY_ATTR, calibrated_runtime, decide, estimate_attr
+from tuner.prescreen import (MEMORY_ATTR, calibrated_runtime, decide, estimate_attr,
+                             memory_constraint)
 from tuner.staging import metrics_of_rows, on_front, screen_verdict, stress_order
 from tuner.trial import HOST, KeepGoing, TrialContext, TrialResult, run_trial
 
@@ -48,6 +49,13 @@ class AdaptivePipeline:
     log: Callable[[str], None] = field(default=lambda line: None)
 
     def run(self, study: optuna.Study, params: dict[str, Any], trial_dir: Path) -> TrialResult:
+        result = self._run(study, params, trial_dir)
+        if self.capacity is not None:
+            need = result.extra["predicted_peak_bytes"]
+            result.constraints["memory"] = memory_constraint(need, self.capacity, result.outcome.kind)
+        return result
+
+    def _run(self, study: optuna.Study, params: dict[str, Any], trial_dir: Path) -> TrialResult:
         trials = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
         knobs = knobs_from_params(self.ctx.space, params)
         est = estimate(self.model, knobs, list(self.ctx.workload.cells),

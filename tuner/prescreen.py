@@ -14,6 +14,11 @@ estimate (`tuner.memory`) is rough, so the decision is calibrated on the study's
 
 Skipped trials are COMPLETE with constraint feasible=1 (the sampler learns the region is
 infeasible), outcome 'skipped', and user_attrs predicted_peak_bytes / capacity_bytes.
+
+Learned infeasibility, graded: every trial also gets the constraint `memory` = (predicted need -
+capacity) / capacity, its sign forced to agree with what was seen (> 0 for an OOM or a skip,
+< 0 otherwise).  A 0/1 constraint is a cliff a Gaussian process models badly; this one says how
+far a config is from the memory edge, where the best configs of a KV-bound workload sit.
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ from optuna.trial import FrozenTrial, TrialState
 from tuner.memory import Estimate, runtime_prior
 
 PRIOR_MARGIN = 0.10
+MEMORY_EPS = 0.01
 HEALTHY = ("ok", "slo")
 MEMORY_ATTR = "memory_estimate"
 
@@ -97,3 +103,9 @@ def decide(est: Estimate, capacity: int, trials: Sequence[FrozenTrial]) -> Decis
                         f"predicted peak {need / gib:.2f} GiB is at least that of a config that "
                         f"ran out of memory ({min(oom) / gib:.2f} GiB)")
     return Decision(False, need, threshold, f"predicted peak {need / gib:.2f} GiB may fit")
+
+
+def memory_constraint(need: int, capacity: int, outcome: str) -> float:
+    """The graded `memory` constraint (see module doc): positive exactly when memory failed."""
+    m = (need - capacity) / capacity
+    return max(m, MEMORY_EPS) if outcome in ("oom", "skipped") else min(m, -MEMORY_EPS)

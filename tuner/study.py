@@ -186,6 +186,8 @@ def record(trial: optuna.Trial, result: TrialResult, objectives: list[Objective]
     violations = slo_violations(result.metrics, slo) if feasible else {m: 1.0 for m in slo}
     for metric, v in violations.items():
         trial.set_constraint(f"slo:{metric}", float(v))
+    for name, v in result.constraints.items():
+        trial.set_constraint(name, float(v))
     kind = outcome.kind
     if feasible and any(v > 0 for v in violations.values()):
         kind = "slo"

@@ -51,6 +51,7 @@ class TrialResult:
     env: dict[str, str]
     wall_s: float
     extra: dict[str, Any] = field(default_factory=dict)
+    constraints: dict[str, float] = field(default_factory=dict)  # extra Optuna constraints (> 0: infeasible)
 
 
 def aggregate(cells: list[CellResult]) -> dict[str, float]:

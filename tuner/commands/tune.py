@@ -163,7 +163,7 @@ def _finished(study: optuna.Study) -> int:
 
 def _progress_text(study: optuna.Study, trial: optuna.trial.FrozenTrial, metric: str) -> str:
     best = [t.user_attrs.get("metrics", {}).get(metric) for t in study.get_trials(deepcopy=False)
-            if t.user_attrs.get("outcome") == "ok"]
+            if t.user_attrs.get("outcome") == "ok" and t.user_attrs.get("stage") != "screen"]
     best = [b for b in best if b is not None]
     last = trial.user_attrs.get("outcome", trial.state.name.lower())
     return f"last={last} best {metric}={max(best):.1f}" if best else f"last={last}"
@@ -173,5 +173,7 @@ def _summary(study: optuna.Study) -> None:
     trials = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
     counts: dict[str, int] = {}
     for t in trials:
-        counts[t.user_attrs.get("outcome", "?")] = counts.get(t.user_attrs.get("outcome", "?"), 0) + 1
+        kind = t.user_attrs.get("outcome", "?")
+        kind = "screened out" if t.user_attrs.get("stage") == "screen" else kind
+        counts[kind] = counts.get(kind, 0) + 1
     print("outcomes: " + ", ".join(f"{k}={v}" for k, v in sorted(counts.items())))
