@@ -29,18 +29,20 @@ def test_without_evidence_only_far_over_the_card_is_skipped():
     assert decide(_est(12.0), CAP, []).skip              # 30 GiB: hopeless
 
 
-def test_an_oom_lowers_the_bar_to_its_need():
+def test_an_oom_lowers_the_bar_to_its_need_plus_a_margin_for_the_same_mechanism():
     history = [_trial(_est(6.0), "oom")]
-    assert decide(_est(6.5), CAP, history).skip
-    assert decide(_est(6.0), CAP, history).skip
+    assert decide(_est(7.0), CAP, history).skip
+    assert not decide(_est(6.5), CAP, history).skip          # within 3% of the card
     assert not decide(_est(5.0), CAP, history).skip
+    other = Estimate(15 * GIB, 7 * GIB, 2 * GIB, GIB, peak_cell="another cell")
+    assert not decide(other, CAP, history).skip              # another failure mechanism
 
 
 def test_never_skip_at_or_below_a_healthy_need():
     history = [_trial(_est(6.0), "oom"), _trial(_est(7.0), "ok")]   # inconsistent evidence
-    assert not decide(_est(6.5), CAP, history).skip
     assert not decide(_est(7.0), CAP, history).skip
-    assert decide(_est(12.0), CAP, history).skip
+    assert not decide(_est(6.9), CAP, history).skip
+    assert decide(_est(7.8), CAP, history).skip
 
 
 def test_runtime_calibrated_from_idle_memory_per_graph_setting():

@@ -8,7 +8,9 @@ estimate (`tuner.memory`) is rough, so the decision is calibrated on the study's
   per CUDA-graph setting (the other setting is shifted by the prior's difference);
 * margin: before any evidence a config is skipped only when its need exceeds the card by
   `PRIOR_MARGIN` (the estimate errs low, so this skips only the certain cases).  An OOM at need N
-  lowers the bar to N (a config needing at least as much as one that died is hopeless); a
+  lowers the bar to N (+ OOM_MARGIN of the card) for configs whose largest forward comes from the same cell (the same
+  failure mechanism: a long prefill and a wide decode are estimated with different errors, so
+  comparing needs across mechanisms skipped healthy configs in the benchmark); a
   healthy run at need H raises it to at least H: a config whose need is at or below one seen
   running healthy is never skipped, whatever the OOMs say.
 
@@ -33,6 +35,7 @@ from optuna.trial import FrozenTrial, TrialState
 from tuner.memory import Estimate, runtime_prior
 
 PRIOR_MARGIN = 0.10
+OOM_MARGIN = 0.03   # the estimate's error between two configs of one mechanism (benchmark: <= ~3%)
 MEMORY_EPS = 0.01
 HEALTHY = ("ok", "slo")
 MEMORY_ATTR = "memory_estimate"
@@ -85,7 +88,8 @@ def decide(est: Estimate, capacity: int, trials: Sequence[FrozenTrial]) -> Decis
     healthy = [_need(a, trials) for t in trials
                if (a := _stored(t)) is not None and t.user_attrs.get("outcome") in HEALTHY]
     oom = [_need(a, trials) for t in trials
-           if (a := _stored(t)) is not None and t.user_attrs.get("outcome") == "oom"]
+           if (a := _stored(t)) is not None and t.user_attrs.get("outcome") == "oom"
+           and a.get("peak_cell") == est.peak_cell]
     prior = int(capacity * (1 + PRIOR_MARGIN))
     floor = max(healthy, default=0)
     bar = min([prior, *oom])
@@ -98,10 +102,11 @@ def decide(est: Estimate, capacity: int, trials: Sequence[FrozenTrial]) -> Decis
         return Decision(True, need, threshold,
                         f"predicted peak {need / gib:.2f} GiB exceeds the card's "
                         f"{capacity / gib:.2f} GiB by more than {PRIOR_MARGIN:.0%}")
-    if oom and need >= min(oom):
+    if oom and need >= min(oom) + OOM_MARGIN * capacity:
         return Decision(True, need, threshold,
-                        f"predicted peak {need / gib:.2f} GiB is at least that of a config that "
-                        f"ran out of memory ({min(oom) / gib:.2f} GiB)")
+                        f"predicted peak {need / gib:.2f} GiB is above that of a config that ran "
+                        f"out of memory ({min(oom) / gib:.2f} GiB, same largest cell) by more "
+                        f"than {OOM_MARGIN:.0%} of the card")
     return Decision(False, need, threshold, f"predicted peak {need / gib:.2f} GiB may fit")
 
 

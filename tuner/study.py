@@ -31,14 +31,16 @@ SAMPLERS = ("auto", "gp", "tpe", "nsga2", "random", "grid")
 
 def make_sampler(name: str, seed: int | None, n_trials: int,
                  space: SearchSpace | None = None) -> optuna.samplers.BaseSampler:
-    """`auto`: GPSampler (sample-efficient, constraint-aware) for small budgets, TPE beyond
-    (benchmarks/search_efficiency.py measures the choice); `grid` needs the space."""
+    """`auto`: multivariate TPE (constraint-aware).  benchmarks/search_efficiency.py measured it
+    against GPSampler through the same pipeline at 20, 40 and 60 trials on the InfiniLM space:
+    TPE reached a higher median share of the grid's best at every budget, at a tenth of the
+    sampler's compute.  `grid` needs the space."""
     if name == "grid":
         if space is None:
             raise UsageError("--sampler grid needs the search space")
         return optuna.samplers.GridSampler(grid_space(space), seed=seed)
     if name == "auto":
-        name = "gp" if n_trials <= 100 else "tpe"
+        name = "tpe"
     if name == "gp":
         return optuna.samplers.GPSampler(seed=seed, n_startup_trials=min(8, max(2, n_trials // 3)))
     if name == "tpe":
