@@ -48,7 +48,7 @@ def test_oom_under_load_is_classified_oom_and_the_server_is_gone(tmp_path):
     # 96 x 256 blocks on the 4090: starts fine, the first 4096-token prefill overflows (the seed).
     ctx = TrialContext(space=load_space(SPACE), workload=load_workload(QUICK), model_dir=MODEL,
                        simulate="rtx4090", time_scale=50.0, stall_timeout_s=60.0)
-    params = {"num_blocks": 96, "block_size": 256, "max_batch_size": 8}
+    params = {"kv_cache_tokens": 96 * 256, "block_size": 256, "max_batch_size": 8}
     res = run_trial(ctx, params, tmp_path / "t0", cells=[Cell(1, 4096, 16, num_prompts=1)])
     log = (tmp_path / "t0" / "server.log").read_text()
     assert "cudaMalloc failed" in log and "Error in step loop" in log

@@ -8,11 +8,14 @@ every flag knob once with a value in range, bool flags as presence, env knobs as
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
 import optuna
 import pytest
 
 from targets_data import SPACES_DIR
+from tuner.bounds import resolve_space
+from tuner.modelinfo import load_model_info
 from tuner.space import load_space
 
 KW = {"model": "/models/llama", "host": "127.0.0.1", "port": 8123, "max_output_len": 256}
@@ -74,7 +77,7 @@ def test_transformers_server_contract():
 
 
 def test_infinilm_renders_exact_argv_and_seed_env():
-    params = {"num_blocks": 64, "block_size": 256, "max_batch_size": 24, "enable_graph": True,
+    params = {"kv_cache_tokens": 64 * 256, "block_size": 256, "max_batch_size": 24, "enable_graph": True,
               "max_num_batched_tokens": 8192, "prefill_batch_cap": 8, "decode_batch_cap": 24,
               "long_context_threshold": 4096, "long_context_max_batch": 1,
               "long_context_use_total_len": False, "decode_first_when_running": True}
@@ -93,6 +96,9 @@ def test_infinilm_renders_exact_argv_and_seed_env():
 @pytest.mark.parametrize("name", ["vllm", "sglang", "transformers", "infinilm"])
 def test_sampled_configs_render_every_knob_once_in_range(name):
     space = _space(name)
+    if any(p.high_auto for p in space.parameters):  # infinilm: KV capacity sized for a 24 GiB card
+        model = load_model_info(Path(__file__).resolve().parents[1] / "models" / "llama-3.1-8b")
+        space = resolve_space(space, model, 24 * 2**30, [])
     dists = space.distributions()
     study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=0))
     head_len = len(space.render({}, **KW)[0])
@@ -109,7 +115,8 @@ def test_sampled_configs_render_every_knob_once_in_range(name):
                 assert tail.count(p.flag) == (1 if value else 0)
             else:
                 assert tail.count(p.flag) == 1
-                assert tail[tail.index(p.flag) + 1] == p.render_value(value)
+                shown = value // params[p.divide_by] if p.divide_by else value
+                assert tail[tail.index(p.flag) + 1] == p.render_value(shown)
 
 
 # infinilm.yaml keeps the server's default num_blocks (512) outside its range on purpose: that

@@ -39,7 +39,12 @@ def knob_report(study: optuna.Study, threshold: float = 0.02) -> KnobReport | No
     params = sorted({k for t in ok for k in t.params})
     constant = [p for p in params if len({repr(t.params.get(p)) for t in ok}) == 1]
     varying = [p for p in params if p not in constant]
-    shadow = optuna.create_study(directions=study.directions)
+    verbosity = optuna.logging.get_verbosity()
+    optuna.logging.set_verbosity(optuna.logging.WARNING)  # the throw-away study is not news
+    try:
+        shadow = optuna.create_study(directions=study.directions)
+    finally:
+        optuna.logging.set_verbosity(verbosity)
     shadow.add_trials(ok)
     importance: dict[str, dict[str, float]] = {p: {} for p in varying}
     with warnings.catch_warnings():

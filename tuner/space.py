@@ -23,7 +23,8 @@ from tuner.errors import UsageError
 PARAM_TYPES = ("int", "float", "categorical", "bool")
 FAILURE_CLASSES = ("oom", "startup", "unhealthy", "crash")
 _PARAM_KEYS = {"type", "low", "high", "step", "log", "choices", "flag", "env", "default",
-               "true_value", "false_value", "help"}
+               "true_value", "false_value", "help", "role", "divide_by"}
+AUTO = "auto"  # `high: auto`: the bound is computed from the model and GPU (tuner.bounds)
 _TOP_KEYS = {"name", "description", "server", "fixed_flags", "fixed_env", "parameters",
              "failure_patterns"}
 _SERVER_KEYS = {"command", "simulator", "health_path", "startup_timeout_s", "api",
@@ -47,8 +48,14 @@ class Param:
     true_value: str = "1"
     false_value: str = "0"
     help: str = ""
+    role: str | None = None        # what the knob means to the memory model (tuner.memory.ROLES)
+    divide_by: str | None = None   # rendered as value // params[divide_by] (tokens -> blocks)
+    high_auto: bool = False        # `high: auto` in the YAML; `high` is None until resolved
 
     def distribution(self) -> optuna.distributions.BaseDistribution:
+        if self.high is None and self.type in ("int", "float"):
+            raise UsageError(f"parameter {self.name}: 'high: auto' is not resolved yet "
+                             "(tuner.bounds.resolve_space needs the model and GPU memory)")
         if self.type == "int":
             return optuna.distributions.IntDistribution(
                 int(self.low), int(self.high), log=self.log, step=int(self.step or 1))
@@ -67,7 +74,9 @@ class Param:
         return str(value)
 
     def describe(self) -> str:
-        if self.type in ("int", "float"):
+        if self.high is None and self.type in ("int", "float"):
+            rng = f"[{self.low:g}, auto]"
+        elif self.type in ("int", "float"):
             rng = f"[{self.low:g}, {self.high:g}]" + (" log" if self.log else "")
         elif self.type == "bool":
             rng = "{false, true}"
@@ -152,6 +161,8 @@ class SearchSpace:
             if p.name not in params or params[p.name] is None:
                 continue
             value = params[p.name]
+            if p.divide_by is not None:
+                value = int(value) // int(self._divisor(p, params))
             if p.flag is not None:
                 if p.type == "bool":
                     if value:
@@ -164,6 +175,16 @@ class SearchSpace:
             if "\n" in val or "\r" in val or "\0" in val:
                 raise UsageError(f"{self.path}: environment value for {key} contains a newline")
         return argv, env
+
+    def _divisor(self, p: Param, params: dict[str, Any]) -> Any:
+        """The value `p` is divided by when rendered: the sampled one, else that knob's default."""
+        value = params.get(p.divide_by)
+        if value is None:
+            value = self.param(p.divide_by).default
+        if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+            raise UsageError(f"{self.path}: parameters.{p.name}.divide_by: {p.divide_by} has no "
+                             f"positive integer value to divide by (got {value!r})")
+        return value
 
 
 def _fill(template: str, subst: dict[str, str], path: Path) -> str:
@@ -197,13 +218,19 @@ def _parse_param(path: Path, name: str, spec: Any) -> Param:
                  path, f"{key}.env", "must be an environment variable name")
     kw: dict[str, Any] = {"name": name, "type": ptype, "flag": spec.get("flag"),
                           "env": spec.get("env"), "default": spec.get("default"),
-                          "help": str(spec.get("help", ""))}
+                          "help": str(spec.get("help", "")), "role": spec.get("role"),
+                          "divide_by": spec.get("divide_by")}
+    _require(kw["role"] is None or isinstance(kw["role"], str), path, f"{key}.role", "must be a string")
+    _require(kw["divide_by"] is None or ptype == "int" and isinstance(kw["divide_by"], str), path,
+             f"{key}.divide_by", "must name another parameter, on an int parameter")
     if ptype in ("int", "float"):
-        for bound in ("low", "high"):
+        auto = spec.get("high") == AUTO
+        _require(not auto or ptype == "int", path, f"{key}.high", "'auto' is for int parameters")
+        for bound in ("low",) if auto else ("low", "high"):
             _require(isinstance(spec.get(bound), (int, float)) and not isinstance(spec.get(bound), bool),
-                     path, f"{key}.{bound}", "must be a number")
-        _require(spec["low"] <= spec["high"], path, key,
-                 f"low ({spec['low']}) is greater than high ({spec['high']})")
+                     path, f"{key}.{bound}", "must be a number" + ("" if bound == "low" else " or 'auto'"))
+        _require(auto or spec["low"] <= spec["high"], path, key,
+                 f"low ({spec['low']}) is greater than high ({spec.get('high')})")
         log = bool(spec.get("log", False))
         _require(not log or spec["low"] > 0, path, f"{key}.low", "must be > 0 with log: true")
         step = spec.get("step")
@@ -211,9 +238,10 @@ def _parse_param(path: Path, name: str, spec: Any) -> Param:
                  f"{key}.step", "must be a positive number")
         _require(not (log and step not in (None, 1)), path, key, "log and step cannot be combined")
         if ptype == "int":
-            _require(float(spec["low"]).is_integer() and float(spec["high"]).is_integer(),
+            _require(float(spec["low"]).is_integer() and (auto or float(spec["high"]).is_integer()),
                      path, key, "int bounds must be integers")
-        kw.update(low=spec["low"], high=spec["high"], step=step, log=log)
+        kw.update(low=spec["low"], high=None if auto else spec["high"], step=step, log=log,
+                  high_auto=auto)
     elif ptype == "categorical":
         choices = spec.get("choices")
         _require(isinstance(choices, list) and len(choices) > 0, path, f"{key}.choices",
@@ -257,6 +285,10 @@ def load_space(path: str | Path) -> SearchSpace:
     params = raw["parameters"]
     _require(isinstance(params, dict) and params, path, "parameters", "must be a non-empty mapping")
     parsed = tuple(_parse_param(path, str(n), s) for n, s in params.items())
+    names = {p.name for p in parsed}
+    for p in parsed:
+        _require(p.divide_by is None or p.divide_by in names and p.divide_by != p.name, path,
+                 f"parameters.{p.name}.divide_by", f"{p.divide_by!r} is not another parameter")
     patterns = raw.get("failure_patterns") or {}
     _require(isinstance(patterns, dict) and set(patterns) <= set(FAILURE_CLASSES), path,
              "failure_patterns", f"keys must be among {', '.join(FAILURE_CLASSES)}")

@@ -15,13 +15,14 @@ from typing import Any
 
 from tuner.bench.records import Cell
 from tuner.bench.runner import CellResult, run_cells
-from tuner.gpu import wait_until_free
+from tuner.gpu import read_gpu, wait_until_free
 from tuner.launch import ServerProcess, free_port
 from tuner.outcome import Evidence, Outcome, classify
 from tuner.space import SearchSpace
 from tuner.workload import Workload
 
 HOST = "127.0.0.1"
+KeepGoing = Callable[[list[CellResult]], bool]
 
 
 @dataclass(frozen=True)
@@ -51,6 +52,7 @@ class TrialResult:
     env: dict[str, str]
     wall_s: float
     extra: dict[str, Any] = field(default_factory=dict)
+    constraints: dict[str, float] = field(default_factory=dict)  # extra Optuna constraints (> 0: infeasible)
 
 
 def aggregate(cells: list[CellResult]) -> dict[str, float]:
@@ -86,8 +88,13 @@ def _cell_row(res: CellResult) -> dict[str, Any]:
 
 def run_trial(ctx: TrialContext, params: dict[str, Any], trial_dir: Path,
               cells: list[Cell] | None = None,
-              on_cell: Callable[[CellResult], None] | None = None) -> TrialResult:
-    """Launch the server with `params`, drive `cells` (default: the workload's), classify."""
+              on_cell: Callable[[CellResult], None] | None = None,
+              keep_going: KeepGoing | None = None) -> TrialResult:
+    """Launch the server with `params`, drive `cells` (default: the workload's), classify.
+
+    `keep_going(results so far)` is asked after each healthy cell; False ends the run there
+    (staged screening: the server is already up, so the rest of the matrix costs no new launch).
+    """
     t0 = time.monotonic()
     trial_dir.mkdir(parents=True, exist_ok=True)
     cells = list(ctx.workload.cells if cells is None else cells)
@@ -103,6 +110,7 @@ def run_trial(ctx: TrialContext, params: dict[str, Any], trial_dir: Path,
                            health_path=ctx.space.server.health_path,
                            log_path=trial_dir / "server.log", record_path=trial_dir / "server.json")
     results: list[CellResult] = []
+    extra: dict[str, Any] = {}
     healthy = False
     health_failed = False
     if ctx.gpu_index is not None:
@@ -111,6 +119,9 @@ def run_trial(ctx: TrialContext, params: dict[str, Any], trial_dir: Path,
         startup = ctx.startup_timeout_s or ctx.space.server.startup_timeout_s
         healthy = server.wait_healthy(startup / scale if ctx.simulate else startup)
         if healthy:
+            idle = read_gpu(ctx.gpu_index) if ctx.gpu_index is not None else None
+            if idle is not None:  # the runtime overhead the pre-screen calibrates on
+                extra["idle_bytes"] = idle.used_bytes - ctx.gpu_baseline_bytes
             with open(trial_dir / "cells.jsonl", "w") as sink:
                 for i, cell in enumerate(cells):
                     res = run_cells(
@@ -128,6 +139,8 @@ def run_trial(ctx: TrialContext, params: dict[str, Any], trial_dir: Path,
                         on_cell(res)
                     if res.error_class is not None:
                         break  # stress cells run first: the first failure decides the trial
+                    if keep_going is not None and i + 1 < len(cells) and not keep_going(results):
+                        break
             state = server.health()
             health_failed = state.alive and state.status != 200
         exit_code = server.exit_code
@@ -140,4 +153,4 @@ def run_trial(ctx: TrialContext, params: dict[str, Any], trial_dir: Path,
     outcome = classify(evidence, ctx.space.failure_patterns)
     return TrialResult(outcome=outcome, metrics=aggregate(results),
                        cells=[_cell_row(r) for r in results], argv=argv, env=env,
-                       wall_s=time.monotonic() - t0)
+                       wall_s=time.monotonic() - t0, extra=extra)

@@ -16,11 +16,15 @@ from optuna.trial import TrialState
 from tqdm import tqdm
 
 from tuner import envfile, export
+from tuner.adaptive import add_adaptive_args, capacity_bytes, check_adaptive_args, warm_start
+from tuner.bounds import parse_size, resolve_space, resolved_bounds
 from tuner.errors import UsageError
 from tuner.gpu import read_gpu
 from tuner.knobs import describe, knob_report
 from tuner.objectives import DEFAULT_OBJECTIVES, check_metric, parse_objectives
 from tuner.paths import shipped
+from tuner.modelinfo import load_model_info
+from tuner.pipeline import AdaptivePipeline
 from tuner.space import load_space
 from tuner.recovery import recover
 from tuner.report import store_in_dashboard, write_report
@@ -63,6 +67,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                         "(servers started through tuner's launchers, e.g. the transformers space)")
     p.add_argument("--gpu-wait", type=float, default=300.0,
                    help="seconds to wait for the GPU to be free before a trial (default: %(default)s)")
+    add_adaptive_args(p)
 
 
 def _check_model(path: str) -> None:
@@ -85,8 +90,10 @@ def run(args: argparse.Namespace) -> int:
     if args.time_scale <= 0:
         raise UsageError("--time-scale must be positive")
     _check_model(args.model)
+    check_adaptive_args(args)
     space = load_space(shipped(args.space))
     workload = load_workload(shipped(args.workload))
+    model = load_model_info(args.model)
     objectives = parse_objectives(args.objective or workload.objectives or list(DEFAULT_OBJECTIVES))
     for metric in (workload.slo or {}):
         check_metric(metric, f"{args.workload}: slo")
@@ -97,6 +104,8 @@ def run(args: argparse.Namespace) -> int:
         Path(url[len("sqlite:///"):]).parent.mkdir(parents=True, exist_ok=True)
     gpu_index = args.gpu_index if args.gpu_index is not None else (None if args.simulate else 0)
     gpu_state = read_gpu(gpu_index) if gpu_index is not None else None
+    capacity = capacity_bytes(args, gpu_state)
+    space = resolve_space(space, model, capacity, workload.cells)
     ctx = TrialContext(space=space, workload=workload, model_dir=args.model,
                        simulate=args.simulate, time_scale=args.time_scale,
                        stall_timeout_s=args.stall_timeout, startup_timeout_s=args.startup_timeout,
@@ -111,9 +120,10 @@ def run(args: argparse.Namespace) -> int:
         if args.gpu_memory_cap:
             gpu_desc += f", capped at {args.gpu_memory_cap}"
     storage = open_storage(url)
-    sampler = make_sampler(args.sampler, args.seed, args.trials, n_objectives=len(objectives),
-                           simulated=args.simulate is not None)
+    sampler = make_sampler(args.sampler, args.seed, args.trials, space)
     study = create_or_load(name, storage, ctx, objectives, sampler, gpu_desc)
+    if "bounds" not in study.user_attrs:
+        study.set_user_attr("bounds", resolved_bounds(space))
     if args.gpus:
         worker_argv = [a for a in _argv_without_gpus(sys.argv[1:])]
         return run_workers(worker_argv, parse_gpus(args.gpus))
@@ -121,10 +131,16 @@ def run(args: argparse.Namespace) -> int:
     retried = recover(study, trials_dir)
     if retried:
         print(f"study {name}: re-queued trial(s) {retried} of a worker that died")
+    queued = warm_start(study, space, args, url, studies_dir)
+    if queued:
+        print(f"study {name}: {queued} warm-start config(s) queued first")
     done = _finished(study)
     print(f"study {name}: {done} finished trials, running up to {max(0, args.trials - done)} more ({url})")
+    pipeline = AdaptivePipeline(ctx, objectives, model, capacity,
+                                prescreen=not args.no_prescreen, screen_cells=args.screen_cells,
+                                confirm=args.confirm)
     objective = TrialObjective(ctx=ctx, objectives=objectives, trials_dir=trials_dir,
-                               max_trials=args.trials)
+                               max_trials=args.trials, pipeline=pipeline)
     bar = tqdm(total=args.trials, initial=done, unit="trial", dynamic_ncols=True)
 
     def on_trial(study: optuna.Study, trial: optuna.trial.FrozenTrial) -> None:
@@ -159,27 +175,8 @@ def _export(study: optuna.Study, folder: Path) -> None:
     print(f"wrote {folder / 'report.html'}")
 
 
-def parse_size_gib(text: str) -> float:
-    """'24GiB', '24G', '24576MiB' or a bare number of GiB -> GiB."""
-    t = text.strip().lower().replace(" ", "")
-    for suffix, scale in (("gib", 1.0), ("gb", 1e9 / 2**30), ("g", 1.0), ("mib", 1 / 1024),
-                          ("mb", 1e6 / 2**30), ("m", 1 / 1024)):
-        if t.endswith(suffix):
-            t, factor = t[: -len(suffix)], scale
-            break
-    else:
-        factor = 1.0
-    try:
-        value = float(t) * factor
-    except ValueError:
-        raise UsageError(f"not a memory size: '{text}' (e.g. 24GiB)") from None
-    if value <= 0:
-        raise UsageError(f"memory size must be positive: '{text}'")
-    return value
-
-
 def _cap_env(cap: str | None) -> dict[str, str]:
-    return {"TUNER_GPU_MEMORY_CAP_GIB": f"{parse_size_gib(cap):g}"} if cap else {}
+    return {"TUNER_GPU_MEMORY_CAP_GIB": f"{parse_size(cap) / 2**30:g}"} if cap else {}
 
 
 def _argv_without_gpus(argv: list[str]) -> list[str]:
@@ -203,7 +200,7 @@ def _finished(study: optuna.Study) -> int:
 
 def _progress_text(study: optuna.Study, trial: optuna.trial.FrozenTrial, metric: str) -> str:
     best = [t.user_attrs.get("metrics", {}).get(metric) for t in study.get_trials(deepcopy=False)
-            if t.user_attrs.get("outcome") == "ok"]
+            if t.user_attrs.get("outcome") == "ok" and t.user_attrs.get("stage") != "screen"]
     best = [b for b in best if b is not None]
     last = trial.user_attrs.get("outcome", trial.state.name.lower())
     return f"last={last} best {metric}={max(best):.1f}" if best else f"last={last}"
@@ -213,6 +210,8 @@ def _summary(study: optuna.Study) -> None:
     trials = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
     counts: dict[str, int] = {}
     for t in trials:
-        counts[t.user_attrs.get("outcome", "?")] = counts.get(t.user_attrs.get("outcome", "?"), 0) + 1
+        kind = t.user_attrs.get("outcome", "?")
+        kind = "screened out" if t.user_attrs.get("stage") == "screen" else kind
+        counts[kind] = counts.get(kind, 0) + 1
     print("outcomes: " + ", ".join(f"{k}={v}" for k, v in sorted(counts.items())))
     print(describe(knob_report(study)))

@@ -1,0 +1,71 @@
+"""Memory estimate and adaptive bounds: arithmetic from config.json, bounds that follow the card."""
+
+from pathlib import Path
+
+import pytest
+
+from tuner.bench.records import Cell
+from tuner.bounds import parse_size, resolve_space
+from tuner.errors import UsageError
+from tuner.memory import Knobs, act_bytes_per_token, cell_forward_bytes, estimate, knobs_from_params
+from tuner.modelinfo import load_model_info
+from tuner.space import load_space
+
+ROOT = Path(__file__).resolve().parents[1]
+M8B = load_model_info(ROOT / "models" / "llama-3.1-8b")
+SPACE = load_space(ROOT / "search_spaces" / "infinilm.yaml")
+CELLS = (Cell(4, 4096, 1024, 8), Cell(64, 256, 256, 64))
+GIB = 2 ** 30
+
+
+def test_kv_and_weights_arithmetic_for_llama_8b():
+    assert M8B.kv_bytes_per_token == 128 * 1024
+    assert 14.5 * GIB < M8B.weight_bytes < 15.5 * GIB
+    # fp32 logits dominate: 128256 x 4 bytes = 0.49 MiB of ~0.6 MiB per token
+    assert 0.55 * 2 ** 20 < act_bytes_per_token(M8B) < 0.7 * 2 ** 20
+
+
+def test_tokens_knob_rounds_down_to_whole_blocks():
+    k = knobs_from_params(SPACE, {"kv_cache_tokens": 16500, "block_size": 256})
+    assert k.kv_tokens == 16384 and k.block_size == 256
+
+
+def test_need_grows_with_pool_and_guard_shrinks_long_prefill():
+    small = estimate(M8B, Knobs(kv_tokens=8192, block_size=256), CELLS)
+    big = estimate(M8B, Knobs(kv_tokens=32768, block_size=256), CELLS)
+    assert big.need > small.need and big.pool == 32768 * 128 * 1024
+    free = Knobs(kv_tokens=16384, block_size=256, prefill_cap=8)
+    guarded = Knobs(kv_tokens=16384, block_size=256, prefill_cap=8, long_threshold=4096,
+                    long_max_batch=1, decode_first=True)
+    assert cell_forward_bytes(M8B, guarded, CELLS[0]) < cell_forward_bytes(M8B, free, CELLS[0])
+
+
+def test_pool_too_small_for_one_request_means_no_forward():
+    assert cell_forward_bytes(M8B, Knobs(kv_tokens=1024, block_size=256), CELLS[0]) == 0
+
+
+def test_auto_bound_follows_the_card():
+    small = resolve_space(SPACE, M8B, parse_size("24GiB"), CELLS).param("kv_cache_tokens")
+    large = resolve_space(SPACE, M8B, parse_size("141GiB"), CELLS).param("kv_cache_tokens")
+    assert 40_000 < small.high < 70_000            # ~6-7 GiB of room beside 15 GiB of weights
+    assert large.high > 15 * small.high
+    assert small.low == 4096 + 1024                # the workload's largest request
+
+
+def test_auto_bound_needs_memory_and_room():
+    with pytest.raises(UsageError, match="gpu-memory"):
+        resolve_space(SPACE, M8B, None, CELLS)
+    m70 = load_model_info(ROOT / "models" / "llama-3.1-70b")
+    with pytest.raises(UsageError, match="leaves room"):
+        resolve_space(SPACE, m70, parse_size("24GiB"), CELLS)
+
+
+@pytest.mark.parametrize("text, gib", [("24GiB", 24), ("24G", 24), ("80GB", 80), ("0.5g", 0.5),
+                                       ("24576MiB", 24)])
+def test_parse_size(text, gib):
+    assert parse_size(text) == int(gib * GIB)
+
+
+def test_parse_size_rejects_bare_numbers():
+    with pytest.raises(UsageError):
+        parse_size("24")

@@ -1,0 +1,63 @@
+"""Pre-screen: skip only the hopeless, learn the bar from OOMs, never skip below a healthy run."""
+
+import optuna
+from optuna.distributions import IntDistribution
+
+from tuner.memory import Estimate
+from tuner.prescreen import MEMORY_ATTR, calibrated_runtime, decide, estimate_attr
+
+GIB = 2 ** 30
+CAP = 24 * GIB
+
+
+def _est(pool_gib: float, runtime_gib: float = 2.0, forward_gib: float = 1.0) -> Estimate:
+    return Estimate(weights=15 * GIB, pool=int(pool_gib * GIB), runtime=int(runtime_gib * GIB),
+                    forward=int(forward_gib * GIB), peak_cell="c")
+
+
+def _trial(est: Estimate, outcome: str, idle: int | None = None, graph: bool = False):
+    attrs = {MEMORY_ATTR: estimate_attr(est, graph), "outcome": outcome}
+    if idle is not None:
+        attrs["idle_bytes"] = idle
+    return optuna.trial.create_trial(params={"x": 1}, distributions={"x": IntDistribution(0, 2)},
+                                     values=[0.0], user_attrs=attrs)
+
+
+def test_without_evidence_only_far_over_the_card_is_skipped():
+    assert not decide(_est(5.5), CAP, []).skip           # 23.5 GiB: may fit
+    assert not decide(_est(8.0), CAP, []).skip           # 26 GiB: within the prior margin
+    assert decide(_est(12.0), CAP, []).skip              # 30 GiB: hopeless
+
+
+def test_an_oom_lowers_the_bar_to_its_need_plus_a_margin_for_the_same_mechanism():
+    history = [_trial(_est(6.0), "oom")]
+    assert decide(_est(7.0), CAP, history).skip
+    assert not decide(_est(6.5), CAP, history).skip          # within 3% of the card
+    assert not decide(_est(5.0), CAP, history).skip
+    other = Estimate(15 * GIB, 7 * GIB, 2 * GIB, GIB, peak_cell="another cell")
+    assert not decide(other, CAP, history).skip              # another failure mechanism
+
+
+def test_never_skip_at_or_below_a_healthy_need():
+    history = [_trial(_est(6.0), "oom"), _trial(_est(7.0), "ok")]   # inconsistent evidence
+    assert not decide(_est(7.0), CAP, history).skip
+    assert not decide(_est(6.9), CAP, history).skip
+    assert decide(_est(7.8), CAP, history).skip
+
+
+def test_runtime_calibrated_from_idle_memory_per_graph_setting():
+    est = _est(4.0)
+    idle = 15 * GIB + 4 * GIB + int(3.5 * GIB)             # measured runtime: 3.5 GiB
+    history = [_trial(est, "ok", idle=idle)]
+    assert calibrated_runtime(history, False) == int(3.5 * GIB)
+    assert calibrated_runtime(history, True) == int(4.0 * GIB)   # + the graph-pool prior
+    assert calibrated_runtime([], False) == 2 * GIB
+
+
+def test_memory_constraint_is_graded_and_agrees_with_the_outcome():
+    from tuner.prescreen import memory_constraint
+    assert memory_constraint(30 * GIB, CAP, "oom") == 0.25
+    assert memory_constraint(20 * GIB, CAP, "oom") > 0            # the estimate was low: still > 0
+    assert memory_constraint(20 * GIB, CAP, "ok") == -1 / 6
+    assert memory_constraint(30 * GIB, CAP, "ok") < 0             # the estimate was high: still < 0
+    assert memory_constraint(30 * GIB, CAP, "skipped") > 0

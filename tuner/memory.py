@@ -1,0 +1,175 @@
+"""Estimate a config's peak GPU memory for a workload, from the model's shapes and public facts.
+
+Why: an OOM found late costs a server start plus every cell run before it.  A config whose
+memory need is hopeless can be told to the sampler as infeasible without a launch
+(`tuner.prescreen`).  This estimate never calls the simulator's memory model: on a real GPU there
+is none.  It is deliberately simple and errs low; `tuner.prescreen` calibrates it online from
+the study's own OOMs and healthy runs (and from the measured idle memory when one is known).
+
+    need = weights + KV pool + runtime overhead + largest forward of the workload
+    forward = activations per token x tokens in the forward
+            + LIVE_CONTEXT_COPY x KV bytes of the sequences live during that forward
+
+* weights: parameter count x dtype bytes (`ModelInfo.weight_bytes`).
+* KV pool: tokens x 2 x layers x kv_heads x head_dim x dtype bytes.
+* runtime overhead: CUDA context (~0.5 GiB), cuBLAS / attention workspaces and allocator slack.
+  Real servers idle 2-4 GiB above weights + pool; the prior takes the low end (2 GiB, plus
+  0.5 GiB for a CUDA-graph pool) so that an uncalibrated estimate skips too little, not too much.
+* activations per token: full-vocabulary fp32 logits (`vocab x 4` bytes: servers compute logits
+  for every prefill token), the gated MLP's three intermediate-sized tensors and a handful of
+  hidden-sized ones (q, attention output, norms, residual).
+* live context: paged-attention kernels that gather each live sequence's K/V into contiguous
+  buffers leave up to one copy of the live context in the caching allocator.  One copy is the
+  upper bound we assume; calibration absorbs the difference.
+
+The knobs are read by *role* (`role:` in the search-space YAML), so the estimate works for any
+server whose space declares them; a role the space lacks means "no limit" (largest forward).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from tuner.bench.records import Cell
+from tuner.modelinfo import ModelInfo
+from tuner.space import SearchSpace
+
+GIB = 1 << 30
+RUNTIME_PRIOR_BYTES = 2 * GIB
+GRAPH_POOL_PRIOR_BYTES = GIB // 2
+LIVE_CONTEXT_COPY = 1.0
+MLP_TENSORS = 3
+HIDDEN_TENSORS = 6
+LOGIT_BYTES = 4
+
+ROLES = ("kv_tokens", "kv_blocks", "block_size", "max_batch", "prefill_batch_cap",
+         "decode_batch_cap", "prefill_token_budget", "cuda_graph", "long_threshold",
+         "long_max_batch", "long_use_total_len", "decode_first")
+
+
+@dataclass(frozen=True)
+class Knobs:
+    """The memory-relevant settings of one config, whatever the server calls them."""
+
+    kv_tokens: int | None            # None: the space does not size the KV pool
+    block_size: int = 1
+    max_batch: int | None = None
+    prefill_cap: int | None = None
+    decode_cap: int | None = None
+    token_budget: int | None = None
+    cuda_graph: bool = False
+    long_threshold: int | None = None
+    long_max_batch: int | None = None
+    long_use_total_len: bool = False
+    decode_first: bool = False
+
+    @property
+    def prefill_limit(self) -> float:
+        return min(self.max_batch or math.inf, self.prefill_cap or math.inf)
+
+    @property
+    def decode_limit(self) -> float:
+        return min(self.max_batch or math.inf, self.decode_cap or math.inf)
+
+
+def knobs_from_params(space: SearchSpace, params: dict[str, Any]) -> Knobs:
+    """Read the knobs by role: the sampled value, else the parameter's default (the server's)."""
+    by_role: dict[str, Any] = {}
+    for p in space.parameters:
+        if p.role:
+            value = params.get(p.name, p.default)
+            by_role[p.role] = value
+    block = by_role.get("block_size") or 1
+    tokens = by_role.get("kv_tokens")
+    if tokens is None and by_role.get("kv_blocks") is not None:
+        tokens = int(by_role["kv_blocks"]) * int(block)
+    elif tokens is not None:
+        tokens = (int(tokens) // int(block)) * int(block)  # what --num-blocks really holds
+    return Knobs(
+        kv_tokens=None if tokens is None else int(tokens), block_size=int(block),
+        max_batch=by_role.get("max_batch"), prefill_cap=by_role.get("prefill_batch_cap"),
+        decode_cap=by_role.get("decode_batch_cap"), token_budget=by_role.get("prefill_token_budget"),
+        cuda_graph=bool(by_role.get("cuda_graph")), long_threshold=by_role.get("long_threshold"),
+        long_max_batch=by_role.get("long_max_batch"),
+        long_use_total_len=bool(by_role.get("long_use_total_len")),
+        decode_first=bool(by_role.get("decode_first")))
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """The parts of a config's memory need; `runtime` is the prior until calibrated."""
+
+    weights: int
+    pool: int
+    runtime: int
+    forward: int
+    peak_cell: str          # key of the cell whose forward is the largest
+
+    @property
+    def static(self) -> int:
+        return self.weights + self.pool
+
+    @property
+    def need(self) -> int:
+        return self.static + self.runtime + self.forward
+
+    def with_runtime(self, runtime: int) -> Estimate:
+        return Estimate(self.weights, self.pool, runtime, self.forward, self.peak_cell)
+
+
+def act_bytes_per_token(model: ModelInfo) -> int:
+    """Transient bytes one token adds to a forward (logits in fp32 dominate for big vocabularies)."""
+    return (model.vocab * LOGIT_BYTES
+            + (MLP_TENSORS * model.intermediate + HIDDEN_TENSORS * model.hidden) * model.dtype_bytes)
+
+
+def runtime_prior(cuda_graph: bool) -> int:
+    return RUNTIME_PRIOR_BYTES + (GRAPH_POOL_PRIOR_BYTES if cuda_graph else 0)
+
+
+def cell_forward_bytes(model: ModelInfo, k: Knobs, cell: Cell) -> int:
+    """Largest transient need of one cell: a prefill batch beside live decodes, or a full decode.
+
+    Follows the admission rules servers of this kind share: a request reserves blocks for its
+    prompt + max_tokens, a prefill step takes at most `prefill_limit` requests and `token_budget`
+    prompt tokens (the first always goes), the long-context guard limits long prefills and, with
+    decode-first, defers them while anything decodes.  Live sequences are counted at their
+    longest (prompt + output), which is where the largest forward happens.
+    """
+    prompt, total = max(cell.input_len, 1), cell.input_len + cell.output_len
+    if k.kv_tokens is not None:
+        per_req_blocks = math.ceil(total / k.block_size)
+        admitted = k.kv_tokens // k.block_size // max(per_req_blocks, 1)
+        if admitted == 0:
+            return 0  # every request is rejected: no forward runs
+    else:
+        admitted = cell.concurrency
+    running = min(cell.concurrency, admitted)
+    per_tok = act_bytes_per_token(model)
+    kv_tok = model.kv_bytes_per_token * LIVE_CONTEXT_COPY
+    length = total if k.long_use_total_len else prompt
+    long = k.long_threshold is not None and length >= k.long_threshold
+    n_pre = min(running, k.prefill_limit)
+    if long and k.long_max_batch:
+        n_pre = min(n_pre, k.long_max_batch)
+    if k.token_budget:
+        n_pre = min(n_pre, max(1, k.token_budget // prompt))
+    n_pre = int(n_pre)
+    live = 0 if (long and k.decode_first) else running - n_pre
+    prefill = per_tok * n_pre * prompt + kv_tok * live * total
+    n_dec = int(min(running, k.decode_limit))
+    decode = per_tok * n_dec + kv_tok * running * total
+    return int(max(prefill, decode))
+
+
+def estimate(model: ModelInfo, k: Knobs, cells: list[Cell] | tuple[Cell, ...],
+             runtime: int | None = None) -> Estimate:
+    """The config's need on this workload; `runtime` overrides the prior overhead."""
+    pool = (k.kv_tokens or 0) * model.kv_bytes_per_token
+    forwards = [(cell_forward_bytes(model, k, c), c.key) for c in cells]
+    forward, peak_cell = max(forwards, default=(0, ""))
+    return Estimate(weights=model.weight_bytes, pool=pool,
+                    runtime=runtime_prior(k.cuda_graph) if runtime is None else runtime,
+                    forward=forward, peak_cell=peak_cell)

@@ -1,0 +1,141 @@
+"""One adaptive trial: pre-screen, stress-first staged run, confirmation of Pareto entrants.
+
+Why a module of its own: `TrialObjective` (tuner/study.py) owns the Optuna side (budget,
+duplicates, `record`); this owns what happens to one config between "the sampler proposed it"
+and "here is its TrialResult", so either side can change without the other.
+
+The runner is pluggable (`Runner`): `tuner.trial.run_trial` launches a real or simulated server;
+`tuner.simtrial.run_in_process` drives the simulator in-process (benchmarks, tests).  Both take
+the cells in the order given and honour `keep_going`.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import optuna
+from optuna.trial import FrozenTrial, TrialState
+
+from tuner.bench.records import Cell
+from tuner.bench.runner import CellResult
+from tuner.memory import estimate, knobs_from_params
+from tuner.modelinfo import ModelInfo
+from tuner.objectives import Objective
+from tuner.outcome import Outcome
+from tuner.prescreen import (MEMORY_ATTR, calibrated_runtime, decide, estimate_attr,
+                             memory_constraint)
+from tuner.staging import metrics_of_rows, on_front, screen_verdict, stress_order
+from tuner.trial import HOST, KeepGoing, TrialContext, TrialResult, run_trial
+
+Runner = Callable[..., TrialResult]  # (ctx, params, trial_dir, cells=..., keep_going=...)
+
+
+@dataclass
+class AdaptivePipeline:
+    """Settings of the adaptive loop; `run` turns one config into one TrialResult."""
+
+    ctx: TrialContext
+    objectives: list[Objective]
+    model: ModelInfo
+    capacity: int | None              # GPU bytes; None disables the pre-screen
+    runner: Runner = run_trial
+    prescreen: bool = True
+    screen_cells: int = 3             # 0: every config runs the full matrix
+    confirm: int = 0                  # extra runs of each config that enters the Pareto front
+    log: Callable[[str], None] = field(default=lambda line: None)
+
+    def run(self, study: optuna.Study, params: dict[str, Any], trial_dir: Path) -> TrialResult:
+        result = self._run(study, params, trial_dir)
+        if self.capacity is not None:
+            need = result.extra["predicted_peak_bytes"]
+            result.constraints["memory"] = memory_constraint(need, self.capacity, result.outcome.kind)
+        return result
+
+    def _run(self, study: optuna.Study, params: dict[str, Any], trial_dir: Path) -> TrialResult:
+        trials = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+        knobs = knobs_from_params(self.ctx.space, params)
+        est = estimate(self.model, knobs, list(self.ctx.workload.cells),
+                       runtime=calibrated_runtime(trials, knobs.cuda_graph))
+        memo: dict[str, Any] = {MEMORY_ATTR: estimate_attr(est, knobs.cuda_graph),
+                                "predicted_peak_bytes": est.need}
+        if self.capacity is not None:
+            memo["capacity_bytes"] = self.capacity
+        if self.prescreen and self.capacity is not None:
+            verdict = decide(est, self.capacity, trials)
+            if verdict.skip:
+                return self._skipped(params, verdict.reason, memo)
+        cells = stress_order(self.ctx.workload.cells, self.model, knobs)
+        screen: dict[str, Any] = {}
+        result = self.runner(self.ctx, params, trial_dir, cells=cells,
+                             keep_going=self._screener(trials, len(cells), screen))
+        result.extra.update(memo)
+        result.extra["cell_order"] = [c.key for c in cells]
+        if "verdict" in screen and not screen["verdict"].go_on:
+            return self._screened_out(result, screen["verdict"], screen["metrics"])
+        result.extra["stage"] = "full"
+        if self.screen_cells and len(result.cells) >= self.screen_cells:
+            result.extra["screen_metrics"] = metrics_of_rows(result.cells[:self.screen_cells])
+        if result.outcome.feasible and len(result.cells) == len(cells) and self.confirm > 0:
+            values = [o.value(result.metrics) for o in self.objectives]
+            if on_front(values, trials, self.objectives):
+                result = self._confirm(result, params, trial_dir, cells)
+        return result
+
+    def _screener(self, trials: Sequence[FrozenTrial], n_cells: int,
+                  out: dict[str, Any]) -> KeepGoing | None:
+        """The keep_going callback: after the screening cells, decide whether to go on."""
+        k = self.screen_cells
+        if k <= 0 or k >= n_cells:
+            return None
+
+        def keep_going(results: list[CellResult]) -> bool:
+            if len(results) != k:
+                return True
+            metrics = metrics_of_rows([{"metrics": r.metrics} for r in results])
+            verdict = screen_verdict(metrics, trials, self.objectives, self.ctx.workload.slo or {})
+            out.update(verdict=verdict, metrics=metrics)
+            return verdict.go_on
+
+        return keep_going
+
+    def _screened_out(self, result: TrialResult, verdict: Any, measured: dict[str, float]) -> TrialResult:
+        self.log(f"screened out: {verdict.reason}")
+        result.extra.update(stage="screen", screen_metrics=measured, estimated=True)
+        return replace(result, metrics=verdict.estimate,
+                       outcome=Outcome(result.outcome.kind, f"screened out: {verdict.reason} "
+                                       "(metrics are full-matrix estimates)"))
+
+    def _skipped(self, params: dict[str, Any], reason: str, memo: dict[str, Any]) -> TrialResult:
+        self.log(f"skipped: {reason}")
+        argv, env = self.ctx.space.render(
+            params, model=self.ctx.model_dir, host=HOST, port=0,
+            max_output_len=max(c.output_len for c in self.ctx.workload.cells),
+            simulate=self.ctx.simulate, extra_placeholders={"time_scale": "1"})
+        return TrialResult(outcome=Outcome("skipped", f"pre-screen: {reason}"), metrics={},
+                           cells=[], argv=argv, env=env, wall_s=0.0,
+                           extra={**memo, "stage": "prescreen"})
+
+    def _confirm(self, first: TrialResult, params: dict[str, Any], trial_dir: Path,
+                 cells: list[Cell]) -> TrialResult:
+        """Re-run a Pareto entrant `confirm` times; the trial's metrics become the medians.
+
+        A repeat that fails makes the whole trial fail with that repeat's outcome: a config that
+        dies one run in N is not one to deploy.
+        """
+        repeats = [first.metrics]
+        for i in range(1, self.confirm + 1):
+            rep = self.runner(self.ctx, params, trial_dir / f"repeat-{i}", cells=cells)
+            if not rep.outcome.feasible:
+                rep.extra.update(first.extra)
+                rep.extra["repeats"] = repeats
+                return replace(rep, outcome=Outcome(rep.outcome.kind,
+                                                    f"repeat {i}: {rep.outcome.reason}"))
+            repeats.append(rep.metrics)
+        keys = set.intersection(*(set(m) for m in repeats))
+        median = {k: float(statistics.median(m[k] for m in repeats)) for k in keys}
+        first.extra.update(repeats=repeats, first_run_metrics=first.metrics)
+        return replace(first, metrics=median)

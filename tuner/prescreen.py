@@ -1,0 +1,116 @@
+"""Memory pre-screen: record hopeless configs as infeasible without launching a server.
+
+Why: an OOM costs a server start (a minute for an 8B model) plus the cells before it.  The
+estimate (`tuner.memory`) is rough, so the decision is calibrated on the study's own evidence:
+
+* runtime overhead: once a server was seen idle (`idle_bytes`: NVML on a real card, the
+  simulator's figure in simulation), the measured idle - weights - pool replaces the prior,
+  per CUDA-graph setting (the other setting is shifted by the prior's difference);
+* margin: before any evidence a config is skipped only when its need exceeds the card by
+  `PRIOR_MARGIN` (the estimate errs low, so this skips only the certain cases).  An OOM at need N
+  lowers the bar to N (+ OOM_MARGIN of the card) for configs whose largest forward comes from the same cell (the same
+  failure mechanism: a long prefill and a wide decode are estimated with different errors, so
+  comparing needs across mechanisms skipped healthy configs in the benchmark); a
+  healthy run at need H raises it to at least H: a config whose need is at or below one seen
+  running healthy is never skipped, whatever the OOMs say.
+
+Skipped trials are COMPLETE with constraint feasible=1 (the sampler learns the region is
+infeasible), outcome 'skipped', and user_attrs predicted_peak_bytes / capacity_bytes.
+
+Learned infeasibility, graded: every trial also gets the constraint `memory` = (predicted need -
+capacity) / capacity, its sign forced to agree with what was seen (> 0 for an OOM or a skip,
+< 0 otherwise).  A 0/1 constraint is a cliff a Gaussian process models badly; this one says how
+far a config is from the memory edge, where the best configs of a KV-bound workload sit.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from optuna.trial import FrozenTrial, TrialState
+
+from tuner.memory import Estimate, runtime_prior
+
+PRIOR_MARGIN = 0.10
+OOM_MARGIN = 0.03   # the estimate's error between two configs of one mechanism (benchmark: <= ~3%)
+MEMORY_EPS = 0.01
+HEALTHY = ("ok", "slo")
+MEMORY_ATTR = "memory_estimate"
+
+
+@dataclass(frozen=True)
+class Decision:
+    skip: bool
+    need: int               # calibrated estimate of the config's peak bytes
+    threshold: int          # skip above this
+    reason: str
+
+
+def estimate_attr(est: Estimate, cuda_graph: bool) -> dict[str, Any]:
+    """What a trial stores so that later trials can recalibrate against it."""
+    return {"weights": est.weights, "pool": est.pool, "forward": est.forward,
+            "runtime": est.runtime, "cuda_graph": cuda_graph, "peak_cell": est.peak_cell}
+
+
+def _stored(t: FrozenTrial) -> dict[str, Any] | None:
+    attr = t.user_attrs.get(MEMORY_ATTR)
+    if t.state != TrialState.COMPLETE or not isinstance(attr, dict) or "cached_from" in t.user_attrs:
+        return None
+    return attr
+
+
+def calibrated_runtime(trials: Sequence[FrozenTrial], cuda_graph: bool) -> int:
+    """Median measured runtime overhead for this graph setting (see module doc), else the prior."""
+    seen: dict[bool, list[int]] = {False: [], True: []}
+    for t in trials:
+        attr, idle = _stored(t), t.user_attrs.get("idle_bytes")
+        if attr is not None and isinstance(idle, (int, float)) and idle > 0:
+            seen[bool(attr["cuda_graph"])].append(int(idle) - attr["weights"] - attr["pool"])
+    if seen[cuda_graph]:
+        return int(statistics.median(seen[cuda_graph]))
+    other = seen[not cuda_graph]
+    if other:
+        return int(statistics.median(other)) + runtime_prior(cuda_graph) - runtime_prior(not cuda_graph)
+    return runtime_prior(cuda_graph)
+
+
+def _need(attr: dict[str, Any], trials: Sequence[FrozenTrial]) -> int:
+    runtime = calibrated_runtime(trials, bool(attr["cuda_graph"]))
+    return int(attr["weights"] + attr["pool"] + attr["forward"] + runtime)
+
+
+def decide(est: Estimate, capacity: int, trials: Sequence[FrozenTrial]) -> Decision:
+    """Skip or run a config whose (calibrated) estimate is `est`, given the study so far."""
+    need = est.need
+    healthy = [_need(a, trials) for t in trials
+               if (a := _stored(t)) is not None and t.user_attrs.get("outcome") in HEALTHY]
+    oom = [_need(a, trials) for t in trials
+           if (a := _stored(t)) is not None and t.user_attrs.get("outcome") == "oom"
+           and a.get("peak_cell") == est.peak_cell]
+    prior = int(capacity * (1 + PRIOR_MARGIN))
+    floor = max(healthy, default=0)
+    bar = min([prior, *oom])
+    threshold = max(floor, bar)
+    gib = 2 ** 30
+    if need <= floor:
+        return Decision(False, need, threshold,
+                        f"needs {need / gib:.2f} GiB, no more than a config seen healthy")
+    if need > prior:
+        return Decision(True, need, threshold,
+                        f"predicted peak {need / gib:.2f} GiB exceeds the card's "
+                        f"{capacity / gib:.2f} GiB by more than {PRIOR_MARGIN:.0%}")
+    if oom and need >= min(oom) + OOM_MARGIN * capacity:
+        return Decision(True, need, threshold,
+                        f"predicted peak {need / gib:.2f} GiB is above that of a config that ran "
+                        f"out of memory ({min(oom) / gib:.2f} GiB, same largest cell) by more "
+                        f"than {OOM_MARGIN:.0%} of the card")
+    return Decision(False, need, threshold, f"predicted peak {need / gib:.2f} GiB may fit")
+
+
+def memory_constraint(need: int, capacity: int, outcome: str) -> float:
+    """The graded `memory` constraint (see module doc): positive exactly when memory failed."""
+    m = (need - capacity) / capacity
+    return max(m, MEMORY_EPS) if outcome in ("oom", "skipped") else min(m, -MEMORY_EPS)
