@@ -149,8 +149,30 @@ class ServerProcess:
         self.stop()
 
 
+def proc_stat(pid: int | str) -> tuple[str, int] | None:
+    """(state letter, process group) of a live pid from /proc, or None when it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return fields[0], int(fields[2])
+
+
+def pid_alive(pid: int) -> bool:
+    """True for a running process; a zombie holds no GPU memory or port, so it does not count."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    stat = proc_stat(pid)
+    return stat is None or stat[0] != "Z"
+
+
 def _group_alive(pgid: int) -> bool:
-    """True while a non-zombie process of the group exists (zombies hold no GPU or port)."""
+    """True while a non-zombie process of the group exists."""
     try:
         os.killpg(pgid, 0)
     except ProcessLookupError:
@@ -158,15 +180,10 @@ def _group_alive(pgid: int) -> bool:
     except PermissionError:
         return True
     for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        if int(fields[2]) == pgid and fields[0] != "Z":
-            return True
+        if entry.isdigit():
+            stat = proc_stat(entry)
+            if stat is not None and stat[1] == pgid and stat[0] != "Z":
+                return True
     return False
 
 

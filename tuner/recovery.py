@@ -18,27 +18,13 @@ from pathlib import Path
 import optuna
 from optuna.trial import TrialState
 
-from tuner.launch import stop_group
+from tuner.launch import pid_alive, stop_group
 
 WORKER_ATTR = "worker"
 
 
 def worker_id() -> str:
     return f"{socket.gethostname()}:{os.getpid()}"
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return True
 
 
 def _cmdline(pid: int) -> list[str]:
@@ -57,7 +43,7 @@ def stop_orphan_server(trial_dir: Path) -> bool:
     except (OSError, ValueError):
         return False
     pgid = int(info["pgid"])
-    if not _pid_alive(pgid) or _cmdline(pgid) != list(info.get("argv", [])):
+    if not pid_alive(pgid) or _cmdline(pgid) != list(info.get("argv", [])):
         return False  # gone, or the pid now belongs to something else
     return stop_group(pgid, grace_s=2.0)
 
@@ -67,7 +53,7 @@ def _dead_local_worker(trial: optuna.trial.FrozenTrial) -> bool:
     if not worker:
         return False
     host, _, pid = worker.rpartition(":")
-    return host == socket.gethostname() and pid.isdigit() and not _pid_alive(int(pid))
+    return host == socket.gethostname() and pid.isdigit() and not pid_alive(int(pid))
 
 
 def recover(study: optuna.Study, trials_dir: Path) -> list[int]:
