@@ -64,7 +64,9 @@ class AdaptivePipeline:
                                 "predicted_peak_bytes": est.need}
         if self.capacity is not None:
             memo["capacity_bytes"] = self.capacity
-        if self.prescreen and self.capacity is not None:
+        if self.prescreen and self.capacity is not None and knobs.kv_tokens is not None:
+            # Without a KV role the estimate knows neither the pool nor the largest forward, so
+            # it has no business skipping anything (seen on the H200: every config skipped).
             verdict = decide(est, self.capacity, trials)
             if verdict.skip:
                 return self._skipped(params, verdict.reason, memo)
