@@ -79,8 +79,10 @@ def warm_start(study: optuna.Study, space: SearchSpace, args: argparse.Namespace
     """Enqueue the warm-start configs of a fresh study; returns how many were enqueued."""
     if study.get_trials(deepcopy=False):
         return 0  # resuming: whatever was enqueued the first time is already there
-    configs = [] if args.no_defaults else [clip_to_space(space, space.default_params())]
-    configs += [load_seed_config(space, f) for f in args.seed_config or []]
+    # The report compares the chosen config with this one (user_attr is_default).
+    added = 0 if args.no_defaults else enqueue(
+        study, [clip_to_space(space, space.default_params())], user_attrs={"is_default": True})
+    configs = [load_seed_config(space, f) for f in args.seed_config or []]
     if args.warm_start_from:
         configs += pareto_configs(_earlier_study(args.warm_start_from, storage, studies_dir), space)
-    return enqueue(study, configs)
+    return added + enqueue(study, configs)

@@ -81,9 +81,11 @@ def is_measured(trial: FrozenTrial) -> bool:
 
 
 def is_feasible(trial: FrozenTrial) -> bool:
-    """COMPLETE, all constraints <= 0, and the server ran ok."""
+    """COMPLETE, all constraints <= 0, the server ran ok, and the values were measured on the
+    full matrix (a config screened out after the screening cells carries estimated values)."""
     return (trial.state == TrialState.COMPLETE and trial.values is not None
-            and all(v <= 0 for v in trial.constraints.values()) and outcome(trial) == "ok")
+            and all(v <= 0 for v in trial.constraints.values()) and outcome(trial) == "ok"
+            and trial.user_attrs.get("stage") != "screen")
 
 
 def pareto_front(trials: Sequence[FrozenTrial], objectives: Sequence[Objective]) -> list[FrozenTrial]:

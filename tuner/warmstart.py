@@ -102,10 +102,11 @@ def pareto_configs(study: optuna.Study, space: SearchSpace) -> list[dict[str, An
     return [clip_to_space(space, t.params) for t in front]
 
 
-def enqueue(study: optuna.Study, configs: list[dict[str, Any]]) -> int:
+def enqueue(study: optuna.Study, configs: list[dict[str, Any]],
+            user_attrs: dict[str, Any] | None = None) -> int:
     """Enqueue configs not already in the study (run or queued); returns how many were added."""
     before = len(study.get_trials(deepcopy=False))
     for params in configs:
         if params:
-            study.enqueue_trial(params, skip_if_exists=True)
+            study.enqueue_trial(params, user_attrs=user_attrs, skip_if_exists=True)
     return len(study.get_trials(deepcopy=False)) - before
