@@ -70,7 +70,7 @@ class Param:
         if self.type == "bool":
             return self.true_value if value else self.false_value
         if self.type == "float":
-            return repr(float(value))
+            return repr(round(float(value), 10))  # 0.68, not 0.6800000000000002 from a stepped float
         return str(value)
 
     def describe(self) -> str:
