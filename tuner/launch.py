@@ -17,6 +17,7 @@ import signal
 import socket
 import subprocess
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -49,13 +50,28 @@ def port_is_free(port: int, host: str = "127.0.0.1") -> bool:
     return True
 
 
-def die_with_parent() -> None:
-    """Runs in the child before exec: SIGKILL it when the tuner process goes away."""
+def die_with_parent() -> Callable[[], None]:
+    """A `preexec_fn` that has the child SIGKILLed when the calling process goes away.
+
+    Built in the parent so that libc is loaded before the fork (the tuner has threads, and
+    loading a library in a forked child can deadlock).  PR_SET_PDEATHSIG only covers a parent
+    that dies after the prctl call, so the child also checks that its parent is still the one
+    that forked it: a tuner killed with -9 between fork and prctl must not leave a server
+    whose pid was never recorded.
+    """
+    parent = os.getpid()
     try:
-        libc = ctypes.CDLL("libc.so.6", use_errno=True)
-        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
-    except OSError:
-        pass
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        prctl = None
+
+    def hook() -> None:
+        if prctl is not None:
+            prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+        if os.getppid() != parent:
+            os._exit(1)
+
+    return hook
 
 
 @dataclass
@@ -87,7 +103,7 @@ class ServerProcess:
             self.proc = subprocess.Popen(
                 self.argv, stdout=self._log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                 env={**os.environ, **self.env}, cwd=self.cwd, start_new_session=True,
-                preexec_fn=die_with_parent)
+                preexec_fn=die_with_parent())
         except FileNotFoundError:
             self._log.close()
             raise UsageError(f"server command not found: {self.argv[0]}") from None

@@ -57,7 +57,7 @@ def open_storage(url: str) -> optuna.storages.BaseStorage:
     try:
         return optuna.storages.RDBStorage(
             url, heartbeat_interval=10, grace_period=30,
-            failed_trial_callback=optuna.storages.RetryFailedTrialCallback(max_retry=3))
+            heartbeat_stale_trial_callback=optuna.storages.RetryHeartbeatStaleTrialCallback(max_retry=3))
     except Exception as exc:  # sqlalchemy raises many types for a bad or unreachable URL
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise UsageError(f"cannot open storage {url}: {first}") from None
@@ -81,7 +81,7 @@ def create_or_load(name: str, storage: optuna.storages.BaseStorage, ctx: TrialCo
     if "space_fingerprint" not in attrs:
         space = ctx.space
         meta: dict[str, Any] = {
-            "space": space.name, "space_file": str(space.path), "space_fingerprint": fp,
+            "space": space.name, "space_file": str(space.path),
             "workload": ctx.workload.name, "model": ctx.model_dir, "gpu": gpu_desc,
             "simulated": ctx.simulate is not None, "objectives": [o.label for o in objectives],
             "slo": dict(ctx.workload.slo or {}), "tuner_version": __version__,
@@ -89,8 +89,9 @@ def create_or_load(name: str, storage: optuna.storages.BaseStorage, ctx: TrialCo
             "env_params": {p.name: p.env for p in space.parameters if p.env},
             "launch_command": list(space.server.command),
         }
-        for key, value in meta.items():
+        for key, value in meta.items():  # the fingerprint last: it marks the record complete
             study.set_user_attr(key, value)
+        study.set_user_attr("space_fingerprint", fp)
     return study
 
 
