@@ -63,6 +63,23 @@ def open_storage(url: str) -> optuna.storages.BaseStorage:
         raise UsageError(f"cannot open storage {url}: {first}") from None
 
 
+def run_seed(storage: optuna.storages.BaseStorage, name: str, seed: int,
+             gpu_index: int | None) -> int:
+    """The sampler seed of this run of this worker.
+
+    Resumed with the same --seed, a sampler would replay the first run's proposals: configs
+    already measured, copied instead of run, and the trial budget spent on copies.  So the seed
+    moves on by the number of trials the study already holds (a new study keeps --seed as given),
+    and each worker of `--gpus` gets its own stream.  Workers started by hand on several hosts
+    need their own --seed each.
+    """
+    try:
+        so_far = storage.get_n_trials(storage.get_study_id_from_name(name))
+    except KeyError:
+        so_far = 0
+    return seed + so_far + 10_007 * (gpu_index or 0)
+
+
 def create_or_load(name: str, storage: optuna.storages.BaseStorage, ctx: TrialContext,
                    objectives: list[Objective], sampler: optuna.samplers.BaseSampler,
                    gpu_desc: str) -> optuna.Study:
@@ -134,11 +151,11 @@ class TrialObjective:
 
     def __call__(self, trial: optuna.Trial) -> tuple[float, ...]:
         study = trial.study
+        trial.set_user_attr(WORKER_ATTR, worker_id())  # first: recovery finds dead workers by it
         if self.max_trials is not None:
             ahead = [t for t in counted(study) if t.number < trial.number]
             if len(ahead) >= self.max_trials:
                 raise optuna.TrialPruned("the study's trial budget was reached by other workers")
-        trial.set_user_attr(WORKER_ATTR, worker_id())
         params = suggest(trial, self.ctx)
         key = config_key(params)
         trial.set_user_attr("config_key", key)

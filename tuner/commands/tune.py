@@ -28,7 +28,7 @@ from tuner.space import load_space
 from tuner.report import store_in_dashboard, write_report
 from tuner.select import choose
 from tuner.study import (SAMPLERS, TrialObjective, create_or_load, make_sampler, open_storage,
-                         storage_url)
+                         run_seed, storage_url)
 from tuner.trial import TrialContext
 from tuner.workers import parse_gpus, run_workers
 from tuner.workload import load_workload
@@ -50,7 +50,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--studies-dir", default="studies", help="where study folders live (default: %(default)s)")
     p.add_argument("--storage", help="Optuna storage URL (default: sqlite:///<studies-dir>/<study>/study.db)")
     p.add_argument("--sampler", default="auto", choices=SAMPLERS, help="(default: %(default)s)")
-    p.add_argument("--seed", type=int, default=0, help="sampler seed (default: %(default)s)")
+    p.add_argument("--seed", type=int, default=0,
+                   help="sampler seed; a resumed run moves on from it by the trials done "
+                        "(default: %(default)s; workers on several hosts: one seed each)")
     p.add_argument("--objective", action="append", metavar="'max|min METRIC'",
                    help="repeatable; default: the workload's, else " + "; ".join(DEFAULT_OBJECTIVES))
     p.add_argument("--stall-timeout", type=float, default=60.0,
@@ -116,7 +118,8 @@ def run(args: argparse.Namespace) -> int:
     storage = open_storage(url)
     if args.resume and name not in {s.study_name for s in storage.get_all_studies()}:
         raise UsageError(f"--resume: no study '{name}' in {url}")
-    sampler = make_sampler(args.sampler, args.seed, args.trials, n_objectives=len(objectives),
+    sampler = make_sampler(args.sampler, run_seed(storage, name, args.seed, args.gpu_index),
+                           args.trials, n_objectives=len(objectives),
                            simulated=args.simulate is not None)
     study = create_or_load(name, storage, ctx, objectives, sampler, gpu_desc)
     if gpus:
