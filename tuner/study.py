@@ -8,11 +8,13 @@ server dies.  FAIL is kept for the tuner's own faults, which teach the sampler n
 from __future__ import annotations
 
 import hashlib
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import optuna
+import sqlalchemy.exc
 from optuna.trial import TrialState
 
 from tuner import __version__
@@ -52,15 +54,29 @@ def storage_url(studies_dir: Path, name: str, storage: str | None) -> str:
     return f"sqlite:///{(studies_dir / name / 'study.db').as_posix()}"
 
 
-def open_storage(url: str) -> optuna.storages.BaseStorage:
-    """An RDB storage with a heartbeat, so trials of a killed worker can be found and retried."""
-    try:
-        return optuna.storages.RDBStorage(
-            url, heartbeat_interval=10, grace_period=30,
-            heartbeat_stale_trial_callback=optuna.storages.RetryHeartbeatStaleTrialCallback(max_retry=3))
-    except Exception as exc:  # sqlalchemy raises many types for a bad or unreachable URL
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise UsageError(f"cannot open storage {url}: {first}") from None
+def open_storage(url: str, attempts: int = 5) -> optuna.storages.BaseStorage:
+    """An RDB storage with a heartbeat, so trials of a killed worker can be found and retried.
+
+    Workers started together on an empty database all create Optuna's tables; PostgreSQL lets
+    one win and the others fail on a duplicate table or type.  Those try again (the tables are
+    there by then); any other error is the user's URL and is reported at once.
+    """
+    race: Exception | None = None
+    for attempt in range(attempts):
+        try:
+            return optuna.storages.RDBStorage(
+                url, heartbeat_interval=10, grace_period=30,
+                heartbeat_stale_trial_callback=optuna.storages.RetryHeartbeatStaleTrialCallback(max_retry=3))
+        except (sqlalchemy.exc.IntegrityError, sqlalchemy.exc.ProgrammingError) as exc:
+            race = exc
+            time.sleep(0.2 * (attempt + 1))
+        except Exception as exc:  # sqlalchemy raises many types for a bad or unreachable URL
+            raise UsageError(f"cannot open storage {url}: {_first_line(exc)}") from None
+    raise UsageError(f"cannot open storage {url}: {_first_line(race)}")
+
+
+def _first_line(exc: Exception | None) -> str:
+    return str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
 
 
 def run_seed(storage: optuna.storages.BaseStorage, name: str, seed: int,
