@@ -9,6 +9,7 @@ import time
 import optuna
 from optuna.trial import TrialState
 
+from tuner.launch import ServerProcess, free_port, group_members
 from tuner.recovery import WORKER_ATTR, recover, stop_orphan_server
 
 
@@ -91,3 +92,28 @@ def test_two_workers_recovering_at_once_requeue_once(tmp_path):
     other.get_trials = lambda **_: stale_view  # the second worker read the trials before the first failed it
     assert recover(other, tmp_path / "trials") == []
     assert len(study.get_trials(states=(TrialState.WAITING,))) == 1
+
+
+def test_server_workers_left_after_the_leader_died_are_stopped(tmp_path):
+    """The leader died with the tuner; its worker process, same group, still holds the GPU."""
+    trial_dir = tmp_path / "trials" / "0"
+    code = ("import subprocess, sys, time; subprocess.Popen([sys.executable, '-c', "
+            "'import time; time.sleep(60)']); time.sleep(60)")
+    server = ServerProcess([sys.executable, "-c", code], {}, host="127.0.0.1", port=free_port(),
+                           health_path="/health", log_path=trial_dir / "server.log",
+                           record_path=trial_dir / "server.json")
+    server.start()
+    pgid = server.proc.pid
+    try:
+        deadline = time.monotonic() + 10
+        while len(group_members(pgid)) < 2 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert len(group_members(pgid)) == 2
+        server.proc.kill()
+        server.proc.wait()
+        assert len(group_members(pgid)) == 1  # the worker outlived its leader
+        assert stop_orphan_server(trial_dir) is True
+        assert group_members(pgid) == []
+    finally:
+        server.stop(grace_s=0.5)
+

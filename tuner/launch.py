@@ -26,6 +26,7 @@ import requests
 from tuner.errors import UsageError
 
 _PR_SET_PDEATHSIG = 1
+MARK_ENV = "TUNER_SERVER_RECORD"  # set to the server's record path in the server's environment
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -99,10 +100,11 @@ class ServerProcess:
     def start(self) -> None:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         self._log = open(self.log_path, "ab")
+        mark = {MARK_ENV: str(self.record_path.resolve())} if self.record_path is not None else {}
         try:
             self.proc = subprocess.Popen(
                 self.argv, stdout=self._log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                env={**os.environ, **self.env}, cwd=self.cwd, start_new_session=True,
+                env={**os.environ, **self.env, **mark}, cwd=self.cwd, start_new_session=True,
                 preexec_fn=die_with_parent())
         except FileNotFoundError:
             self._log.close()
@@ -165,14 +167,9 @@ class ServerProcess:
         self.stop()
 
 
-def _group_alive(pgid: int) -> bool:
-    """True while a non-zombie process of the group exists (zombies hold no GPU or port)."""
-    try:
-        os.killpg(pgid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
+def group_members(pgid: int) -> list[int]:
+    """Pids of the group's non-zombie processes (zombies hold no GPU or port)."""
+    members = []
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
             continue
@@ -182,8 +179,18 @@ def _group_alive(pgid: int) -> bool:
         except OSError:
             continue
         if int(fields[2]) == pgid and fields[0] != "Z":
-            return True
-    return False
+            members.append(int(entry))
+    return members
+
+
+def _group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return bool(group_members(pgid))
 
 
 def stop_group(pgid: int, grace_s: float = 3.0, child: subprocess.Popen[bytes] | None = None) -> bool:

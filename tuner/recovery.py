@@ -20,7 +20,7 @@ import optuna
 from optuna.exceptions import UpdateFinishedTrialError
 from optuna.trial import TrialState
 
-from tuner.launch import stop_group
+from tuner.launch import MARK_ENV, group_members, stop_group
 
 WORKER_ATTR = "worker"
 UNCLAIMED_AFTER_S = 60.0
@@ -52,16 +52,33 @@ def _cmdline(pid: int) -> list[str]:
         return []
 
 
+def _marked(pid: int, record: Path) -> bool:
+    """The process carries the launcher's mark naming this record in its environment."""
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            env = f.read().split(b"\0")
+    except OSError:
+        return False
+    return f"{MARK_ENV}={record.resolve()}".encode() in env
+
+
 def stop_orphan_server(trial_dir: Path) -> bool:
-    """Stop the server recorded in `trial_dir/server.json` if it still runs the same command."""
+    """Stop the server recorded in `trial_dir/server.json` if it is still ours.
+
+    Ours: the group leader still runs the recorded command, or, once the leader is gone (it dies
+    with the tuner), a process left in its group still carries the launcher's mark for this
+    record -- a server's worker processes (vLLM's engine core, tensor-parallel ranks) do not die
+    with the tuner and hold the GPU.
+    """
     record = trial_dir / "server.json"
     try:
         info = json.loads(record.read_text())
     except (OSError, ValueError):
         return False
     pgid = int(info["pgid"])
-    if not _pid_alive(pgid) or _cmdline(pgid) != list(info.get("argv", [])):
-        return False  # gone, or the pid now belongs to something else
+    leader_ours = _pid_alive(pgid) and _cmdline(pgid) == list(info.get("argv", []))
+    if not leader_ours and not any(_marked(pid, record) for pid in group_members(pgid)):
+        return False  # gone, or the ids now belong to something else
     return stop_group(pgid, grace_s=2.0)
 
 
