@@ -1,15 +1,19 @@
 """Kill -9 the tuner at random moments of a simulated study and resume it each time.
 
-    python benchmarks/chaos.py [--kills 20] [--trials 30] [--seed 0] [--keep DIR]
+    python benchmarks/chaos.py [--kills 20] [--trials 30] [--seed 0] [--plain] [--keep DIR]
 
 The tuner runs as `python -m tuner.cli tune ...` in its own process group on a fresh temp dir
 (model config, workload and studies dir all under it, so every server's command line names that
-dir).  After a random delay (seeded) only the tuner process gets SIGKILL: its server must then
-die of PR_SET_PDEATHSIG or be found and stopped by the next run's recovery.  The next run is the
-same command.  After each kill the study is read back and checked:
+dir).  After a random delay (seeded) only the tuner process gets SIGKILL.  The next run is the
+same command.  Each server is a launcher process that runs the simulator as its child, as real
+servers run worker processes: the launcher dies with the tuner (PR_SET_PDEATHSIG), the child
+survives and must be found and stopped by the next run's recovery (`--plain`: the simulator
+alone, which PDEATHSIG kills).  After each kill the study is read back and checked:
 
 - completed trials lost: a trial seen COMPLETE earlier that is gone or changed its values;
-- orphan servers: a live `tuner.sim` process of this run 3 s after its tuner died;
+- orphan servers: a server process of this run still alive after a later run got through its
+  recovery (it printed "re-queued"), or after the final run; "left" counts the survivors of a
+  kill 3 s after it, "found" those that the next run's recovery stopped;
 - configs run twice: a config key on two COMPLETE trials that both ran a server (copies of a
   known result, `cached_from`, run nothing);
 - at the end: trials still RUNNING, interrupted trials not re-queued, ports recorded in
@@ -35,6 +39,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import optuna
+import yaml
 from optuna.trial import TrialState
 
 REPO = Path(__file__).resolve().parents[1]
@@ -51,6 +56,7 @@ cells:
   - {concurrency: 4, input_len: 1024, output_len: 64, num_prompts: 12}
 objectives: ["max output_throughput"]
 """
+LAUNCHER = "import subprocess, sys; sys.exit(subprocess.call(sys.argv[1:]))\n"
 ORPHAN_WAIT_S = 3.0
 FINAL_TIMEOUT_S = 240.0
 
@@ -63,9 +69,22 @@ class Totals:
     seen: dict[int, tuple[float, ...]] = field(default_factory=dict)
 
 
+def _write_inputs(root: Path, plain: bool) -> None:
+    """Model config, workload and search space (its simulator behind a launcher) under `root`."""
+    (root / "model").mkdir(parents=True)
+    shutil.copy(REPO / "models" / "llama-3.2-1b" / "config.json", root / "model" / "config.json")
+    (root / "workload.yaml").write_text(WORKLOAD)
+    space = yaml.safe_load((REPO / "search_spaces" / "infinilm.yaml").read_text())
+    if not plain:
+        (root / "launcher.py").write_text(LAUNCHER)
+        space["server"]["simulator"] = ["{python}", str(root / "launcher.py"), *space["server"]["simulator"]]
+    (root / "space.yaml").write_text(yaml.safe_dump(space, sort_keys=False))
+
+
 def _tuner_argv(root: Path, trials: int, seed: int) -> list[str]:
     return [sys.executable, "-m", "tuner.cli", "tune", "--model", str(root / "model"),
             "--simulate", "rtx4090", "--workload", str(root / "workload.yaml"),
+            "--space", str(root / "space.yaml"),
             "--trials", str(trials), "--study", STUDY, "--studies-dir", str(root / "studies"),
             "--sampler", "random", "--seed", str(seed), "--time-scale", "25", "--no-export"]
 
@@ -93,11 +112,11 @@ def _servers(root: Path) -> list[int]:
     return pids
 
 
-def _orphans_after_death(root: Path) -> list[int]:
+def _left_after_death(root: Path) -> set[int]:
     deadline = time.monotonic() + ORPHAN_WAIT_S
     while (left := _servers(root)) and time.monotonic() < deadline:
         time.sleep(0.05)
-    return left
+    return set(left)
 
 
 def _trials(root: Path) -> list[optuna.trial.FrozenTrial]:
@@ -143,34 +162,38 @@ def _not_requeued(trials: list[optuna.trial.FrozenTrial]) -> int:
                and t.user_attrs.get("outcome") == "interrupted" and t.number not in retried)
 
 
-def run(kills: int, trials: int, seed: int, root: Path) -> bool:
-    (root / "model").mkdir(parents=True)
-    shutil.copy(REPO / "models" / "llama-3.2-1b" / "config.json", root / "model" / "config.json")
-    (root / "workload.yaml").write_text(WORKLOAD)
-    argv, log, rng, totals = _tuner_argv(root, trials, seed), root / "tuner.log", random.Random(seed), Totals()
-    print(f"chaos: {kills} kills of `tuner tune --trials {trials}` (seed {seed}) in {root}")
+def run(kills: int, trials: int, seed: int, root: Path, plain: bool) -> bool:
+    _write_inputs(root, plain)
+    argv, rng, totals = _tuner_argv(root, trials, seed), random.Random(seed), Totals()
+    print(f"chaos: {kills} kills of `tuner tune --trials {trials}` (seed {seed}, "
+          f"{'simulator alone' if plain else 'simulator behind a launcher'}) in {root}")
     print(f"{'kill':>4} {'at s':>5} {'server up':>9} {'complete':>8} {'RUNNING':>7} "
-          f"{'lost':>4} {'orphans':>7} {'twice':>5}")
-    proc = None
+          f"{'lost':>4} {'left':>4} {'found':>5} {'orphans':>7} {'twice':>5}")
+    proc, waiting = None, set()  # servers that survived a kill, waiting for a run's recovery
     try:
         for k in range(1, kills + 1):
+            log = root / f"run{k}.log"
             proc = _start(argv, log)
             delay = rng.uniform(0.3, 6.0)
             try:
                 proc.wait(timeout=delay)  # finished first: the kill lands on the next start-up
             except subprocess.TimeoutExpired:
                 pass
-            server_up = bool(_servers(root))
+            server_up = bool(set(_servers(root)) - waiting)  # this run's own server
             if proc.poll() is None:
                 os.kill(proc.pid, signal.SIGKILL)  # the tuner only, not its group
             proc.wait()
-            orphans = _orphans_after_death(root)
-            totals.orphans += len(orphans)
-            for pid in orphans:  # leave nothing behind, but count it
-                stop_group(os.getpgid(pid), grace_s=0.5)
+            found = orphans = 0
+            if "re-queued" in log.read_text(errors="replace"):  # this run did its recovery
+                alive = set(_servers(root))
+                found, orphans, waiting = len(waiting - alive), len(waiting & alive), set()
+            totals.orphans += orphans
+            left = _left_after_death(root)
+            waiting |= left
             complete, running, lost, twice = _check(_trials(root), totals)
             print(f"{k:>4} {delay:>5.2f} {'yes' if server_up else 'no':>9} {complete:>8} "
-                  f"{running:>7} {lost:>4} {len(orphans):>7} {twice:>5}", flush=True)
+                  f"{running:>7} {lost:>4} {len(left):>4} {found:>5} {orphans:>7} {twice:>5}", flush=True)
+        log = root / "final.log"
         proc = _start(argv, log)
         rc = proc.wait(timeout=FINAL_TIMEOUT_S)
     finally:
@@ -200,7 +223,7 @@ def run(kills: int, trials: int, seed: int, root: Path) -> bool:
           f"{cached} copies of a known config)")
     ok = all(got == want for _, got, want in checks)
     if not ok:
-        print("tuner log, last lines:\n" + "\n".join(log.read_text(errors="replace").splitlines()[-20:]))
+        print(f"{log.name}, last lines:\n" + "\n".join(log.read_text(errors="replace").splitlines()[-20:]))
     return ok
 
 
@@ -209,11 +232,13 @@ def main() -> int:
     parser.add_argument("--kills", type=int, default=20)
     parser.add_argument("--trials", type=int, default=30, help="the study's target trial count")
     parser.add_argument("--seed", type=int, default=0, help="kill times and sampler seed")
+    parser.add_argument("--plain", action="store_true",
+                        help="run the simulator without a launcher (PDEATHSIG alone then suffices)")
     parser.add_argument("--keep", type=Path, help="work here and keep it (default: a temp dir, removed)")
     args = parser.parse_args()
     root = args.keep or Path(tempfile.mkdtemp(prefix="tuner-chaos-"))
     try:
-        ok = run(args.kills, args.trials, args.seed, root.resolve())
+        ok = run(args.kills, args.trials, args.seed, root.resolve(), args.plain)
     finally:
         if args.keep is None:
             shutil.rmtree(root, ignore_errors=True)
