@@ -112,11 +112,12 @@ def _servers(root: Path) -> list[int]:
     return pids
 
 
-def _left_after_death(root: Path) -> set[int]:
+def _left_after_death(root: Path, earlier: set[int]) -> set[int]:
+    """Server processes of the killed run (not `earlier` survivors) alive 3 s after the kill."""
     deadline = time.monotonic() + ORPHAN_WAIT_S
-    while (left := _servers(root)) and time.monotonic() < deadline:
+    while (left := set(_servers(root)) - earlier) and time.monotonic() < deadline:
         time.sleep(0.05)
-    return set(left)
+    return left
 
 
 def _trials(root: Path) -> list[optuna.trial.FrozenTrial]:
@@ -188,7 +189,7 @@ def run(kills: int, trials: int, seed: int, root: Path, plain: bool) -> bool:
                 alive = set(_servers(root))
                 found, orphans, waiting = len(waiting - alive), len(waiting & alive), set()
             totals.orphans += orphans
-            left = _left_after_death(root)
+            left = _left_after_death(root, waiting)
             waiting |= left
             complete, running, lost, twice = _check(_trials(root), totals)
             print(f"{k:>4} {delay:>5.2f} {'yes' if server_up else 'no':>9} {complete:>8} "
