@@ -2,10 +2,11 @@
 
 A tuner killed with -9 leaves a trial RUNNING in the storage and maybe a server holding the GPU
 and a port.  Each trial records its worker (host and pid) in the storage and its server's pid,
-process group and port in `trials/<n>/server.json`.  On start-up, a RUNNING trial whose worker
-process on this host is gone is failed and re-queued with the same parameters at once (trials of
-other hosts wait for their heartbeat to go stale; `RetryHeartbeatStaleTrialCallback` re-queues
-those), and its server group, if still alive and still the same command, is stopped.
+process group and port in `trials/<n>/server.json`.  On start-up (and while a worker waits for
+the others to finish the study), a RUNNING trial whose worker process on this host is gone is
+failed and re-queued with the same parameters at once (trials of other hosts wait for their
+heartbeat to go stale; `RetryHeartbeatStaleTrialCallback` re-queues those), and what is left of
+its server group is stopped.
 """
 
 from __future__ import annotations
