@@ -9,6 +9,7 @@ import time
 import optuna
 from optuna.trial import TrialState
 
+from tuner.launch import ServerProcess, free_port, group_members
 from tuner.recovery import WORKER_ATTR, recover, stop_orphan_server
 
 
@@ -63,3 +64,56 @@ def test_pid_reused_by_another_command_is_left_alone(tmp_path):
     finally:
         proc.kill()
         proc.wait()
+
+
+def test_trial_that_no_worker_claimed_is_requeued_once_old(tmp_path, monkeypatch):
+    """A worker killed between the storage creating its trial and recording itself leaves a
+    RUNNING trial without a worker and maybe without a heartbeat: it must not hold the budget."""
+    import tuner.recovery
+
+    study = optuna.create_study(storage=f"sqlite:///{tmp_path}/s.db", directions=["maximize"])
+    unclaimed = study.ask({"x": optuna.distributions.IntDistribution(0, 10)})
+    assert recover(study, tmp_path / "trials") == []  # young: its worker may still be about to claim it
+    monkeypatch.setattr(tuner.recovery, "UNCLAIMED_AFTER_S", 0.0)
+    assert recover(study, tmp_path / "trials") == [unclaimed.number]
+    waiting = study.get_trials(states=(TrialState.WAITING,))
+    assert len(waiting) == 1 and waiting[0].user_attrs["retry_of"] == unclaimed.number
+
+
+def test_two_workers_recovering_at_once_requeue_once(tmp_path):
+    """Only the worker whose storage update fails the trial re-queues it; the other moves on."""
+    url = f"sqlite:///{tmp_path}/s.db"
+    study = optuna.create_study(storage=url, directions=["maximize"])
+    dead = study.ask({"x": optuna.distributions.IntDistribution(0, 10)})
+    dead.set_user_attr(WORKER_ATTR, f"{socket.gethostname()}:{_dead_pid()}")
+    other = optuna.load_study(study_name=study.study_name, storage=url)
+    stale_view = other.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
+    assert recover(study, tmp_path / "trials") == [dead.number]
+    other.get_trials = lambda **_: stale_view  # the second worker read the trials before the first failed it
+    assert recover(other, tmp_path / "trials") == []
+    assert len(study.get_trials(states=(TrialState.WAITING,))) == 1
+
+
+def test_server_workers_left_after_the_leader_died_are_stopped(tmp_path):
+    """The leader died with the tuner; its worker process, same group, still holds the GPU."""
+    trial_dir = tmp_path / "trials" / "0"
+    code = ("import subprocess, sys, time; subprocess.Popen([sys.executable, '-c', "
+            "'import time; time.sleep(60)']); time.sleep(60)")
+    server = ServerProcess([sys.executable, "-c", code], {}, host="127.0.0.1", port=free_port(),
+                           health_path="/health", log_path=trial_dir / "server.log",
+                           record_path=trial_dir / "server.json")
+    server.start()
+    pgid = server.proc.pid
+    try:
+        deadline = time.monotonic() + 10
+        while len(group_members(pgid)) < 2 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert len(group_members(pgid)) == 2
+        server.proc.kill()
+        server.proc.wait()
+        assert len(group_members(pgid)) == 1  # the worker outlived its leader
+        assert stop_orphan_server(trial_dir) is True
+        assert group_members(pgid) == []
+    finally:
+        server.stop(grace_s=0.5)
+

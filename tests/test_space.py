@@ -76,10 +76,15 @@ def test_bad_files_name_file_and_key(tmp_path, bad, needle):
     assert str(path) in str(err.value) and needle in str(err.value)
 
 
-def test_env_value_with_newline_is_refused(tmp_path):
-    space = load_space(_write(tmp_path, GOOD.replace('{A: "x"}', '{A: "x\\ny"}')))
+def test_env_value_with_newline_is_refused_when_loading(tmp_path):
+    with pytest.raises(UsageError, match="fixed_env.A: environment value contains a newline"):
+        load_space(_write(tmp_path, GOOD.replace('{A: "x"}', '{A: "x\\ny"}')))
+
+
+def test_env_value_with_newline_from_a_placeholder_is_refused(tmp_path):
+    space = load_space(_write(tmp_path, GOOD.replace('{A: "x"}', '{A: "{model}"}')))
     with pytest.raises(UsageError, match="newline"):
-        space.render({}, model="m", host="h", port=1, max_output_len=1)
+        space.render({}, model="m\nx", host="h", port=1, max_output_len=1)
 
 
 def test_simulate_needs_a_simulator_entry(tmp_path):

@@ -36,7 +36,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
+    argv = list(sys.argv[1:] if argv is None else argv)
     args = parser.parse_args(argv)
+    args.cli_argv = argv  # what `tune --gpus` hands on to its workers
     signal.signal(signal.SIGTERM, _sigterm_to_interrupt)
     try:
         return int(args.func(args) or 0)

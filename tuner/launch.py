@@ -17,6 +17,7 @@ import signal
 import socket
 import subprocess
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -25,6 +26,7 @@ import requests
 from tuner.errors import UsageError
 
 _PR_SET_PDEATHSIG = 1
+MARK_ENV = "TUNER_SERVER_RECORD"  # set to the server's record path in the server's environment
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -49,13 +51,28 @@ def port_is_free(port: int, host: str = "127.0.0.1") -> bool:
     return True
 
 
-def die_with_parent() -> None:
-    """Runs in the child before exec: SIGKILL it when the tuner process goes away."""
+def die_with_parent() -> Callable[[], None]:
+    """A `preexec_fn` that has the child SIGKILLed when the calling process goes away.
+
+    Built in the parent so that libc is loaded before the fork (the tuner has threads, and
+    loading a library in a forked child can deadlock).  PR_SET_PDEATHSIG only covers a parent
+    that dies after the prctl call, so the child also checks that its parent is still the one
+    that forked it: a tuner killed with -9 between fork and prctl must not leave a server
+    whose pid was never recorded.
+    """
+    parent = os.getpid()
     try:
-        libc = ctypes.CDLL("libc.so.6", use_errno=True)
-        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
-    except OSError:
-        pass
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        prctl = None
+
+    def hook() -> None:
+        if prctl is not None:
+            prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+        if os.getppid() != parent:
+            os._exit(1)
+
+    return hook
 
 
 @dataclass
@@ -83,11 +100,12 @@ class ServerProcess:
     def start(self) -> None:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         self._log = open(self.log_path, "ab")
+        mark = {MARK_ENV: str(self.record_path.resolve())} if self.record_path is not None else {}
         try:
             self.proc = subprocess.Popen(
                 self.argv, stdout=self._log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                env={**os.environ, **self.env}, cwd=self.cwd, start_new_session=True,
-                preexec_fn=die_with_parent)
+                env={**os.environ, **self.env, **mark}, cwd=self.cwd, start_new_session=True,
+                preexec_fn=die_with_parent())
         except FileNotFoundError:
             self._log.close()
             raise UsageError(f"server command not found: {self.argv[0]}") from None
@@ -171,20 +189,25 @@ def pid_alive(pid: int) -> bool:
     return stat is None or stat[0] != "Z"
 
 
+def group_members(pgid: int) -> list[int]:
+    """Pids of the group's non-zombie processes (zombies hold no GPU or port)."""
+    members = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            stat = proc_stat(entry)
+            if stat is not None and stat[1] == pgid and stat[0] != "Z":
+                members.append(int(entry))
+    return members
+
+
 def _group_alive(pgid: int) -> bool:
-    """True while a non-zombie process of the group exists."""
     try:
         os.killpg(pgid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:
         return True
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            stat = proc_stat(entry)
-            if stat is not None and stat[1] == pgid and stat[0] != "Z":
-                return True
-    return False
+    return bool(group_members(pgid))
 
 
 def stop_group(pgid: int, grace_s: float = 3.0, child: subprocess.Popen[bytes] | None = None) -> bool:

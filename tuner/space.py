@@ -172,7 +172,7 @@ class SearchSpace:
             else:
                 env[p.env] = p.render_value(value)
         for key, val in env.items():
-            if "\n" in val or "\r" in val or "\0" in val:
+            if _has_newline(val):
                 raise UsageError(f"{self.path}: environment value for {key} contains a newline")
         return argv, env
 
@@ -254,7 +254,16 @@ def _parse_param(path: Path, name: str, spec: Any) -> Param:
     else:
         kw["true_value"] = str(spec.get("true_value", "1"))
         kw["false_value"] = str(spec.get("false_value", "0"))
+    if kw["env"] is not None:
+        values = [*map(str, kw.get("choices", ())), kw.get("true_value", ""), kw.get("false_value", "")]
+        _require(not any(_has_newline(v) for v in values), path, key,
+                 f"a value of environment variable {kw['env']} contains a newline")
     return Param(**kw)
+
+
+def _has_newline(value: str) -> bool:
+    """An environment value that cannot be passed on: env files and `export` lines break."""
+    return "\n" in value or "\r" in value or "\0" in value
 
 
 def load_space(path: str | Path) -> SearchSpace:
@@ -294,6 +303,9 @@ def load_space(path: str | Path) -> SearchSpace:
              "failure_patterns", f"keys must be among {', '.join(FAILURE_CLASSES)}")
     fixed_env = raw.get("fixed_env") or {}
     _require(isinstance(fixed_env, dict), path, "fixed_env", "must be a mapping")
+    for env_key, env_value in fixed_env.items():
+        _require(not _has_newline(str(env_value)), path, f"fixed_env.{env_key}",
+                 "environment value contains a newline")
     fixed_flags = raw.get("fixed_flags") or []
     _require(isinstance(fixed_flags, list), path, "fixed_flags", "must be a list")
     return SearchSpace(

@@ -8,11 +8,13 @@ server dies.  FAIL is kept for the tuner's own faults, which teach the sampler n
 from __future__ import annotations
 
 import hashlib
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import optuna
+import sqlalchemy.exc
 from optuna.trial import TrialState
 
 from tuner import __version__
@@ -59,15 +61,46 @@ def storage_url(studies_dir: Path, name: str, storage: str | None) -> str:
     return f"sqlite:///{(studies_dir / name / 'study.db').as_posix()}"
 
 
-def open_storage(url: str) -> optuna.storages.BaseStorage:
-    """An RDB storage with a heartbeat, so trials of a killed worker can be found and retried."""
+def open_storage(url: str, attempts: int = 5) -> optuna.storages.BaseStorage:
+    """An RDB storage with a heartbeat, so trials of a killed worker can be found and retried.
+
+    Workers started together on an empty database all create Optuna's tables; PostgreSQL lets
+    one win and the others fail on a duplicate table or type.  Those try again (the tables are
+    there by then); any other error is the user's URL and is reported at once.
+    """
+    race: Exception | None = None
+    for attempt in range(attempts):
+        try:
+            return optuna.storages.RDBStorage(
+                url, heartbeat_interval=10, grace_period=30,
+                heartbeat_stale_trial_callback=optuna.storages.RetryHeartbeatStaleTrialCallback(max_retry=3))
+        except (sqlalchemy.exc.IntegrityError, sqlalchemy.exc.ProgrammingError) as exc:
+            race = exc
+            time.sleep(0.2 * (attempt + 1))
+        except Exception as exc:  # sqlalchemy raises many types for a bad or unreachable URL
+            raise UsageError(f"cannot open storage {url}: {_first_line(exc)}") from None
+    raise UsageError(f"cannot open storage {url}: {_first_line(race)}")
+
+
+def _first_line(exc: Exception | None) -> str:
+    return str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+
+
+def run_seed(storage: optuna.storages.BaseStorage, name: str, seed: int,
+             gpu_index: int | None) -> int:
+    """The sampler seed of this run of this worker.
+
+    Resumed with the same --seed, a sampler would replay the first run's proposals: configs
+    already measured, copied instead of run, and the trial budget spent on copies.  So the seed
+    moves on by the number of trials the study already holds (a new study keeps --seed as given),
+    and each worker of `--gpus` gets its own stream.  Workers started by hand on several hosts
+    need their own --seed each.
+    """
     try:
-        return optuna.storages.RDBStorage(
-            url, heartbeat_interval=10, grace_period=30,
-            heartbeat_stale_trial_callback=optuna.storages.RetryHeartbeatStaleTrialCallback(max_retry=3))
-    except Exception as exc:  # sqlalchemy raises many types for a bad or unreachable URL
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise UsageError(f"cannot open storage {url}: {first}") from None
+        so_far = storage.get_n_trials(storage.get_study_id_from_name(name))
+    except KeyError:
+        so_far = 0
+    return seed + so_far + 10_007 * (gpu_index or 0)
 
 
 def create_or_load(name: str, storage: optuna.storages.BaseStorage, ctx: TrialContext,
@@ -88,7 +121,7 @@ def create_or_load(name: str, storage: optuna.storages.BaseStorage, ctx: TrialCo
     if "space_fingerprint" not in attrs:
         space = ctx.space
         meta: dict[str, Any] = {
-            "space": space.name, "space_file": str(space.path), "space_fingerprint": fp,
+            "space": space.name, "space_file": str(space.path),
             "workload": ctx.workload.name, "model": ctx.model_dir, "gpu": gpu_desc,
             "simulated": ctx.simulate is not None, "objectives": [o.label for o in objectives],
             "slo": dict(ctx.workload.slo or {}), "tuner_version": __version__,
@@ -96,8 +129,9 @@ def create_or_load(name: str, storage: optuna.storages.BaseStorage, ctx: TrialCo
             "env_params": {p.name: p.env for p in space.parameters if p.env},
             "launch_command": list(space.server.command),
         }
-        for key, value in meta.items():
+        for key, value in meta.items():  # the fingerprint last: it marks the record complete
             study.set_user_attr(key, value)
+        study.set_user_attr("space_fingerprint", fp)
     return study
 
 
@@ -141,11 +175,11 @@ class TrialObjective:
 
     def __call__(self, trial: optuna.Trial) -> tuple[float, ...]:
         study = trial.study
+        trial.set_user_attr(WORKER_ATTR, worker_id())  # first: recovery finds dead workers by it
         if self.max_trials is not None:
             ahead = [t for t in counted(study) if t.number < trial.number]
             if len(ahead) >= self.max_trials:
                 raise optuna.TrialPruned("the study's trial budget was reached by other workers")
-        trial.set_user_attr(WORKER_ATTR, worker_id())
         params = suggest(trial, self.ctx)
         key = config_key(params)
         trial.set_user_attr("config_key", key)

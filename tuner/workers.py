@@ -33,7 +33,7 @@ def run_workers(worker_argv: list[str], gpus: list[int]) -> int:
             env = {**os.environ, "CUDA_VISIBLE_DEVICES": str(gpu)}
             procs.append(subprocess.Popen(
                 [sys.executable, "-m", "tuner.cli", *worker_argv, "--gpu-index", str(gpu)],
-                env=env, start_new_session=True, preexec_fn=die_with_parent))
+                env=env, start_new_session=True, preexec_fn=die_with_parent()))
         codes = [p.wait() for p in procs]
     finally:
         for p in procs:

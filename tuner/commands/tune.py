@@ -1,7 +1,9 @@
 """`tuner tune`: run (or resume) a study, then write best.env and report.html.
 
 `--trials N` is the number of finished trials the study should hold, not a number to add: the
-same command run again after a crash or Ctrl-C continues where the study stopped.
+same command run again after a crash or Ctrl-C continues where the study stopped (`--resume`
+says so explicitly and refuses to start a new study).  Every input is checked before the study
+is touched, so a mistake leaves nothing behind.
 """
 
 from __future__ import annotations
@@ -15,9 +17,10 @@ import optuna
 from optuna.trial import TrialState
 from tqdm import tqdm
 
-from tuner import envfile, export
+from tuner import envfile, export, preflight
 from tuner.adaptive import add_adaptive_args, capacity_bytes, check_adaptive_args, warm_start
 from tuner.bounds import parse_size, resolve_space, resolved_bounds
+from tuner.budget import finished, run_to_budget
 from tuner.errors import UsageError
 from tuner.gpu import read_gpu
 from tuner.knobs import describe, knob_report
@@ -26,11 +29,10 @@ from tuner.paths import shipped
 from tuner.modelinfo import load_model_info
 from tuner.pipeline import AdaptivePipeline
 from tuner.space import load_space
-from tuner.recovery import recover
 from tuner.report import store_in_dashboard, write_report
 from tuner.select import choose
-from tuner.study import (SAMPLERS, TrialObjective, counted, create_or_load, make_sampler,
-                         open_storage, storage_url)
+from tuner.study import (SAMPLERS, TrialObjective, create_or_load, make_sampler, open_storage,
+                         run_seed, storage_url)
 from tuner.trial import TrialContext
 from tuner.workers import parse_gpus, run_workers
 from tuner.workload import load_workload
@@ -52,13 +54,18 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--studies-dir", default="studies", help="where study folders live (default: %(default)s)")
     p.add_argument("--storage", help="Optuna storage URL (default: sqlite:///<studies-dir>/<study>/study.db)")
     p.add_argument("--sampler", default="auto", choices=SAMPLERS, help="(default: %(default)s)")
-    p.add_argument("--seed", type=int, default=0, help="sampler seed (default: %(default)s)")
+    p.add_argument("--seed", type=int, default=0,
+                   help="sampler seed; a resumed run moves on from it by the trials done "
+                        "(default: %(default)s; workers on several hosts: one seed each)")
     p.add_argument("--objective", action="append", metavar="'max|min METRIC'",
                    help="repeatable; default: the workload's, else " + "; ".join(DEFAULT_OBJECTIVES))
     p.add_argument("--stall-timeout", type=float, default=60.0,
                    help="seconds without any token that count as a hang (default: %(default)s)")
     p.add_argument("--startup-timeout", type=float,
                    help="seconds the server may take to answer /health (default: the space's)")
+    p.add_argument("--resume", action="store_true",
+                   help="continue an existing study (an error if there is none); the same command "
+                        "without --resume also continues it")
     p.add_argument("--no-export", action="store_true", help="skip writing best.env and report.html")
     p.add_argument("--gpus", help="comma-separated GPU indices: one worker per GPU on this host, sharing the study")
     p.add_argument("--gpu-index", type=int, help=argparse.SUPPRESS)  # set by --gpus for each worker
@@ -68,13 +75,6 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--gpu-wait", type=float, default=300.0,
                    help="seconds to wait for the GPU to be free before a trial (default: %(default)s)")
     add_adaptive_args(p)
-
-
-def _check_model(path: str) -> None:
-    if not Path(path).is_dir():
-        raise UsageError(f"model dir not found: {path}")
-    if not (Path(path) / "config.json").is_file():
-        raise UsageError(f"model dir has no config.json: {path}")
 
 
 def _default_study_name(space: str, model: str, simulate: str | None) -> str:
@@ -89,7 +89,8 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError("--trials must be at least 1")
     if args.time_scale <= 0:
         raise UsageError("--time-scale must be positive")
-    _check_model(args.model)
+    gpus = parse_gpus(args.gpus) if args.gpus else None
+    preflight.check_model(args.model, simulate=args.simulate is not None)
     check_adaptive_args(args)
     space = load_space(shipped(args.space))
     workload = load_workload(shipped(args.workload))
@@ -100,8 +101,6 @@ def run(args: argparse.Namespace) -> int:
     name = args.study or _default_study_name(space.name, args.model, args.simulate)
     studies_dir = Path(args.studies_dir)
     url = storage_url(studies_dir, name, args.storage)
-    if url.startswith("sqlite:///"):
-        Path(url[len("sqlite:///"):]).parent.mkdir(parents=True, exist_ok=True)
     gpu_index = args.gpu_index if args.gpu_index is not None else (None if args.simulate else 0)
     gpu_state = read_gpu(gpu_index) if gpu_index is not None else None
     capacity = capacity_bytes(args, gpu_state)
@@ -119,22 +118,27 @@ def run(args: argparse.Namespace) -> int:
         gpu_desc = gpu_state.describe if gpu_state else "unknown GPU (NVML unavailable)"
         if args.gpu_memory_cap:
             gpu_desc += f", capped at {args.gpu_memory_cap}"
+    preflight.check_launch(ctx)
+    db = Path(url[len("sqlite:///"):]) if url.startswith("sqlite:///") else None
+    if args.resume and db is not None and not db.is_file():
+        raise UsageError(f"--resume: no study '{name}' ({db} not found)")
+    if db is not None:
+        db.parent.mkdir(parents=True, exist_ok=True)
     storage = open_storage(url)
-    sampler = make_sampler(args.sampler, args.seed, args.trials, space)
+    if args.resume and name not in {s.study_name for s in storage.get_all_studies()}:
+        raise UsageError(f"--resume: no study '{name}' in {url}")
+    sampler = make_sampler(args.sampler, run_seed(storage, name, args.seed, args.gpu_index),
+                           args.trials, space)
     study = create_or_load(name, storage, ctx, objectives, sampler, gpu_desc)
     if "bounds" not in study.user_attrs:
         study.set_user_attr("bounds", resolved_bounds(space))
-    if args.gpus:
-        worker_argv = [a for a in _argv_without_gpus(sys.argv[1:])]
-        return run_workers(worker_argv, parse_gpus(args.gpus))
+    if gpus:
+        return run_workers(_argv_without_gpus(args.cli_argv), gpus)
     trials_dir = studies_dir / name / "trials"
-    retried = recover(study, trials_dir)
-    if retried:
-        print(f"study {name}: re-queued trial(s) {retried} of a worker that died")
     queued = warm_start(study, space, args, url, studies_dir)
     if queued:
         print(f"study {name}: {queued} warm-start config(s) queued first")
-    done = _finished(study)
+    done = finished(study)
     print(f"study {name}: {done} finished trials, running up to {max(0, args.trials - done)} more ({url})")
     pipeline = AdaptivePipeline(ctx, objectives, model, capacity,
                                 prescreen=not args.no_prescreen, screen_cells=args.screen_cells,
@@ -149,9 +153,7 @@ def run(args: argparse.Namespace) -> int:
         bar.set_postfix_str(_progress_text(study, trial, objectives[0].metric))
 
     try:
-        while len(counted(study)) < args.trials:
-            study.optimize(objective, n_trials=args.trials - len(counted(study)),
-                           callbacks=[on_trial], catch=())
+        run_to_budget(study, objective, args.trials, trials_dir, callbacks=[on_trial])
     finally:
         bar.close()
     _summary(study)
@@ -192,10 +194,6 @@ def _argv_without_gpus(argv: list[str]) -> list[str]:
             continue
         out.append(a)
     return out
-
-
-def _finished(study: optuna.Study) -> int:
-    return len(study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,)))
 
 
 def _progress_text(study: optuna.Study, trial: optuna.trial.FrozenTrial, metric: str) -> str:
