@@ -8,9 +8,12 @@ each cell we compare three views of the same requests:
   client    what `tuner.bench.runner` measured: client error = client - server.
 Pass: |ITL| and |TPOT| client error < 1 %, |TTFT| client error < 2 ms (means).  Then a sweep at
 concurrency 256 with shrinking ITL finds the highest streamed tokens/s the client sustains while
-passing, and GuideLLM (an external process) measures one cell for a side-by-side comparison.
+passing, and GuideLLM (an external process) measures two cells (concurrency 1 and 64) for a
+side-by-side comparison: one GuideLLM worker process, the paced server pinned to its own CPU and
+both clients to the others (see benchmarks/README.md for why, and what that did and did not fix).
 
 Run: PYTHONPATH=. python benchmarks/client_fidelity.py [--guidellm PATH] [--out benchmarks/out]
+     [--guidellm-only] [--guidellm-workers N] [--no-pin]
 """
 
 from __future__ import annotations
@@ -38,6 +41,7 @@ HERE = Path(__file__).resolve().parent
 ITL_TOL = 0.01
 TTFT_TOL_MS = 2.0
 GUIDELLM_TOL = 0.05
+SERVER_PID = [0]  # the paced server's pid, for printing its CPU affinity
 
 
 def free_port() -> int:
@@ -75,10 +79,13 @@ def wait_health(url: str, timeout_s: float = 20.0) -> None:
     raise RuntimeError(f"{url} did not become healthy")
 
 
-def server_view(url: str, out_len: int) -> tuple[dict[str, float], dict[str, float], dict[str, float]]:
+def server_view(url: str, out_len: int, raw: list | None = None
+                ) -> tuple[dict[str, float], dict[str, float], dict[str, float]]:
     """-> (server-actual metrics, intended metrics, lateness stats) from the server's stamps of
-    the cell's requests (warm-up requests, shorter, are left out)."""
+    the cell's requests (warm-up requests, shorter, are left out); `raw` gets the stamps."""
     stats = [s for s in requests.get(url + "/stats?reset=1", timeout=30).json() if len(s[1]) == out_len]
+    if raw is not None:
+        raw.extend(stats)
     actual = [RequestRecord(r, w, completion_tokens=len(w)) for r, d, w in stats if w]
     intended = [RequestRecord(r, d[: len(w)], completion_tokens=len(w)) for r, d, w in stats if w]
     span = max(w[-1] for _, _, w in stats if w) - min(r for r, _, _ in stats)
@@ -181,7 +188,8 @@ def word_tokenizer(out: Path) -> Path:
     return d
 
 
-def guidellm(exe: str, url: str, conc: int, in_len: int, out_len: int, num: int, out: Path) -> dict[str, float]:
+def guidellm(exe: str, url: str, conc: int, in_len: int, out_len: int, num: int, out: Path,
+             workers: int = 1) -> dict[str, float]:
     tok = word_tokenizer(out)
     result = out / "guidellm.json"
     argv = [exe, "run", "--backend", f"kind=openai_http,target={url},model=paced,http2=false",
@@ -189,7 +197,13 @@ def guidellm(exe: str, url: str, conc: int, in_len: int, out_len: int, num: int,
             "--data", f"kind=synthetic_text,prompt_tokens={in_len},output_tokens={out_len}",
             "--tokenizer", f"kind=huggingface_auto,model={tok}", "--output", f"kind=json,path={result}",
             "--disable-progress"]
-    env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", HF_HUB_DISABLE_TELEMETRY="1")
+    # GuideLLM 0.8.1 starts min(streams, GUIDELLM__MAX_WORKER_PROCESSES = 10) worker processes
+    # (guidellm/settings.py, scheduler/worker_group.py) besides its main and DataLoader processes:
+    # at concurrency 64 on 2 cores those 12 processes starved the paced server (its own stamps
+    # showed TTFT 34.7 ms against 22.4 ms when our client ran).  One worker runs all streams on
+    # one asyncio loop, as our client does.
+    env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", HF_HUB_DISABLE_TELEMETRY="1",
+               GUIDELLM__MAX_WORKER_PROCESSES=str(workers))
     log = out / "guidellm.log"
     with log.open("w") as fh:
         proc = subprocess.Popen(argv, stdout=fh, stderr=subprocess.STDOUT, env=env, start_new_session=True)
@@ -202,7 +216,13 @@ def guidellm(exe: str, url: str, conc: int, in_len: int, out_len: int, num: int,
     bench = json.loads(result.read_text())["benchmarks"][0]
     m = bench["metrics"]
     ok = lambda k: m[k]["successful"]  # noqa: E731
+    timings = [r["info"]["timings"] for r in bench["requests"]["successful"]]
     return {
+        # wall-clock (time.time) means over requests: GuideLLM's TTFT runs from request_start (its
+        # first header write) to first_token_iteration; set against the server's stamps they split
+        # its TTFT excess into delivery (before the server's receipt) and receive lag (after its write)
+        "wall_request_start": sum(t["request_start"] for t in timings) / len(timings),
+        "wall_first_token": sum(t["first_token_iteration"] for t in timings) / len(timings),
         "mean_ttft_ms": ok("time_to_first_token_ms")["mean"],
         "median_ttft_ms": ok("time_to_first_token_ms")["median"],
         "p99_ttft_ms": ok("time_to_first_token_ms")["percentiles"]["p99"],
@@ -214,16 +234,22 @@ def guidellm(exe: str, url: str, conc: int, in_len: int, out_len: int, num: int,
     }
 
 
-def compare_guidellm(exe: str, url: str, conc: int, itl_ms: float, out_len: int, num: int, out: Path) -> bool:
+def compare_guidellm(exe: str, url: str, conc: int, itl_ms: float, out_len: int, num: int, out: Path,
+                     workers: int = 1) -> bool:
     """Same server, same cell, one tool after the other; each run is also checked against the
     server's own stamps, which says whose number is off when the two disagree."""
     requests.post(url + "/config", json={"ttft_ms": 20.0, "itl_ms": itl_ms}, timeout=5)
     mine = run_cell(url, Cell(conc, 16, out_len, num), 2)
     srv_mine, _, _ = server_view(url, out_len)
-    theirs = guidellm(exe, url, conc, 16, out_len, num, out)
-    srv_theirs, _, _ = server_view(url, out_len)
+    theirs = guidellm(exe, url, conc, 16, out_len, num, out, workers)
+    raw: list = []
+    srv_theirs, _, _ = server_view(url, out_len, raw)
+    wall_minus_mono = time.time() - time.perf_counter()  # server stamps are perf_counter (CLOCK_MONOTONIC)
+    gl_delivery = (sum(r for r, _, _ in raw) / len(raw) + wall_minus_mono - theirs["wall_request_start"]) * 1e3
+    gl_lag = (theirs["wall_first_token"] - sum(w[0] for _, _, w in raw) / len(raw) - wall_minus_mono) * 1e3
     print(f"\n== GuideLLM vs ours, same server and cell: concurrency {conc}, output {out_len}, "
-          f"{num} requests, TTFT 20 ms, ITL {itl_ms} ms")
+          f"{num} requests, TTFT 20 ms, ITL {itl_ms} ms; GuideLLM worker processes {workers}; CPUs: "
+          f"server {sorted(os.sched_getaffinity(SERVER_PID[0]))}, clients {sorted(os.sched_getaffinity(0))}")
     print(f"  {'metric':18s} {'ours':>9s} {'guidellm':>9s} {'diff':>8s} | {'server(ours)':>12s} {'ours err':>8s}"
           f" | {'server(gl)':>10s} {'gl err':>8s}")
     ok = True
@@ -235,6 +261,9 @@ def compare_guidellm(exe: str, url: str, conc: int, itl_ms: float, out_len: int,
         ok &= key.startswith("p99") or abs(diff) < GUIDELLM_TOL
         print(f"  {key:18s} {a:9.3f} {b:9.3f} {100 * diff:+7.2f}% | {ta:12.3f} {100 * (a / ta - 1):+7.2f}%"
               f" | {tb:10.3f} {100 * (b / tb - 1):+7.2f}%")
+    print(f"  GuideLLM mean TTFT - server's = {theirs['mean_ttft_ms'] - srv_theirs['mean_ttft_ms']:+.3f} ms ="
+          f" delivery (its header write -> server receipt) {gl_delivery:+.3f} + receive lag (server write ->"
+          f" its first-token stamp) {gl_lag:+.3f}")
     print(f"  ours and GuideLLM within {GUIDELLM_TOL:.0%} (means and medians): {'PASS' if ok else 'FAIL'}")
     return ok
 
@@ -244,6 +273,12 @@ def main() -> int:
     ap.add_argument("--out", type=Path, default=HERE / "out")
     ap.add_argument("--guidellm", default=shutil.which("guidellm"), help="guidellm executable")
     ap.add_argument("--out-len", type=int, default=128)
+    ap.add_argument("--guidellm-only", action="store_true", help="skip the accuracy table and sweep")
+    ap.add_argument("--guidellm-workers", type=int, default=1,
+                    help="GUIDELLM__MAX_WORKER_PROCESSES for GuideLLM (its default is 10)")
+    ap.add_argument("--pin", action=argparse.BooleanOptionalAction, default=True,
+                    help="for the GuideLLM comparison, pin the paced server to the first CPU and both clients "
+                         "(ours in this process; GuideLLM, a child, inherits it) to the others")
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     print(f"machine: {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.2f} at start "
@@ -251,23 +286,30 @@ def main() -> int:
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     server = start([sys.executable, str(HERE / "paced_server.py"), "--port", str(port)], args.out / "paced_server.log")
+    SERVER_PID[0] = server.pid
     try:
         wait_health(url)
-        accuracy = [measure(url, c, 20.0, 10.0, args.out_len, n) for c, n in ((1, 8), (64, 256), (256, 512))]
-        print_accuracy("accuracy: TTFT 20 ms, ITL 10 ms", accuracy)
-        sweep = [measure(url, 256, 20.0, itl, args.out_len, 512) for itl in (25.6, 12.8, 10.24, 8.0, 6.4, 5.12, 4.0)]
-        print_accuracy("throughput sweep at concurrency 256", sweep)
-        passing = [r for r in sweep + accuracy if r["pass"]]
-        best = max(passing, key=lambda r: r["cli_tok_s"]) if passing else None
-        print(f"load average now {os.getloadavg()[0]:.2f}")
-        print(f"\nhighest streamed rate holding the error bounds: "
-              f"{best['cli_tok_s']:.0f} tokens/s (concurrency {best['conc']}, ITL {best['itl_ms']} ms)"
-              if best else "\nno sweep point held the error bounds")
-        (args.out / "client_fidelity.json").write_text(json.dumps({"accuracy": accuracy, "sweep": sweep}, indent=1))
+        if not args.guidellm_only:
+            accuracy = [measure(url, c, 20.0, 10.0, args.out_len, n) for c, n in ((1, 8), (64, 256), (256, 512))]
+            print_accuracy("accuracy: TTFT 20 ms, ITL 10 ms", accuracy)
+            sweep = [measure(url, 256, 20.0, itl, args.out_len, 512) for itl in (25.6, 12.8, 10.24, 8.0, 6.4, 5.12, 4.0)]
+            print_accuracy("throughput sweep at concurrency 256", sweep)
+            passing = [r for r in sweep + accuracy if r["pass"]]
+            best = max(passing, key=lambda r: r["cli_tok_s"]) if passing else None
+            print(f"load average now {os.getloadavg()[0]:.2f}")
+            print(f"\nhighest streamed rate holding the error bounds: "
+                  f"{best['cli_tok_s']:.0f} tokens/s (concurrency {best['conc']}, ITL {best['itl_ms']} ms)"
+                  if best else "\nno sweep point held the error bounds")
+            (args.out / "client_fidelity.json").write_text(json.dumps({"accuracy": accuracy, "sweep": sweep}, indent=1))
         if args.guidellm:
+            cpus = sorted(os.sched_getaffinity(0))
+            if args.pin and len(cpus) >= 2:  # the paced server is one thread: its affinity can change live
+                os.sched_setaffinity(server.pid, {cpus[0]})
+                os.sched_setaffinity(0, set(cpus[1:]))  # our client here, and GuideLLM (a child) inherits it
             for conc, out_len, num in ((1, 128, 16), (64, 512, 256)):
                 try:
-                    compare_guidellm(args.guidellm, url, conc, 10.0, out_len, num, args.out)
+                    compare_guidellm(args.guidellm, url, conc, 10.0, out_len, num, args.out,
+                                     args.guidellm_workers)
                 except (RuntimeError, OSError, KeyError, ValueError) as exc:
                     print(f"\nGuideLLM comparison not run: {exc}")
         else:
