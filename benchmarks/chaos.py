@@ -45,7 +45,7 @@ from optuna.trial import TrialState
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from tuner.launch import port_is_free, stop_group  # noqa: E402
+from tuner.launch import port_is_free, processes_matching, stop_group  # noqa: E402
 
 STUDY = "chaos"
 WORKLOAD = """\
@@ -97,19 +97,8 @@ def _start(argv: list[str], log: Path) -> subprocess.Popen[bytes]:
 
 
 def _servers(root: Path) -> list[int]:
-    """Pids of live (non-zombie) simulator processes whose command line names `root`."""
-    pids = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            cmd = Path(f"/proc/{entry}/cmdline").read_bytes().replace(b"\0", b" ").decode()
-            state = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()[0]
-        except OSError:
-            continue
-        if "tuner.sim" in cmd and str(root) in cmd and state != "Z":
-            pids.append(int(entry))
-    return pids
+    """Pids of live simulator processes whose command line names `root`."""
+    return processes_matching("tuner.sim", str(root))
 
 
 def _left_after_death(root: Path, earlier: set[int]) -> set[int]:

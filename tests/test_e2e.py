@@ -13,7 +13,7 @@ import pytest
 
 from tuner.bench.records import Cell
 from tuner.cli import main
-from tuner.launch import port_is_free
+from tuner.launch import port_is_free, processes_matching
 from tuner.space import load_space
 from tuner.trial import TrialContext, run_trial
 from tuner.workload import load_workload
@@ -26,18 +26,7 @@ QUICK = ROOT / "studies" / "quick.yaml"
 
 def _sim_processes(marker: str) -> list[int]:
     """Pids of live simulated servers whose command line mentions `marker`."""
-    pids = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            cmd = Path(f"/proc/{entry}/cmdline").read_bytes().replace(b"\0", b" ").decode()
-            state = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()[0]
-        except OSError:
-            continue
-        if "tuner.sim" in cmd and marker in cmd and state != "Z":
-            pids.append(int(entry))
-    return pids
+    return processes_matching("tuner.sim", marker)
 
 
 def _ports(trials_dir: Path) -> list[int]:

@@ -189,6 +189,27 @@ def pid_alive(pid: int) -> bool:
     return stat is None or stat[0] != "Z"
 
 
+def processes_matching(*needles: str) -> list[int]:
+    """Pids of live (non-zombie) processes whose command line contains every needle.
+
+    How the chaos benchmark and the tests look for servers left behind, without trusting any
+    record the tuner wrote.
+    """
+    pids = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                cmd = f.read().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        stat = proc_stat(entry)
+        if stat is not None and stat[0] != "Z" and all(n in cmd for n in needles):
+            pids.append(int(entry))
+    return pids
+
+
 def group_members(pgid: int) -> list[int]:
     """Pids of the group's non-zombie processes (zombies hold no GPU or port)."""
     members = []
