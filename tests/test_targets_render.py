@@ -84,8 +84,8 @@ def test_infinilm_renders_exact_argv_and_seed_env():
     argv, env = _space("infinilm").render(params, **KW)
     assert argv == [PY, "-m", "infinilm.server.inference_server", "--model", "/models/llama",
                     "--host", "127.0.0.1", "--port", "8123", "--device", "nvidia", "--tp", "1",
-                    "--max-new-tokens", "256", "--enable-paged-attn", "--attn", "flash-attn",
-                    "--ignore-eos", "--num-blocks", "64", "--block-size", "256",
+                    "--max-new-tokens", "256", "--enable-paged-attn",
+                    "--ignore-eos", "--dtype", "bfloat16", "--num-blocks", "64", "--block-size", "256",
                     "--max-batch-size", "24", "--enable-graph"]
     assert env == {"INFINILM_MAX_NUM_BATCHED_TOKENS": "8192", "INFINILM_PREFILL_BATCH_CAP": "8",
                    "INFINILM_DECODE_BATCH_CAP": "24", "INFINILM_LONG_CONTEXT_THRESHOLD": "4096",

@@ -72,6 +72,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--enable-paged-attn", action="store_true",
                    help="accepted; the simulator always models the paged KV cache")
     p.add_argument("--attn", default="default")
+    p.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float16"),
+                   help="accepted; both are 2 bytes, so the model's own dtype sets the sizes")
     p.add_argument("--ignore-eos", action="store_true",
                    help="accepted; simulated requests always run to max_tokens (no EOS model)")
     p.add_argument("--gpu", default="rtx4090", help="GPU profile (tuner.sim.profiles)")
