@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from tuner import __version__
 from tuner.errors import UsageError
 
-COMMANDS = ("tune", "bench", "export", "inspect", "targets")
+COMMANDS = ("tune", "bench", "export", "inspect", "targets", "ablate")
 
 
 def _sigterm_to_interrupt(signum: int, frame: object) -> None:

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import optuna
 
-from tuner.commands.tune import _cap_env
+from tuner.commands.tune import cap_env
 from tuner.select import choose
 from tuner.space import load_space
 from tuner.trial import TrialContext, run_trial
@@ -46,7 +46,7 @@ def main() -> int:
     chosen = choose(study, args.pick).trial
     space = load_space(args.space)
     ctx = TrialContext(space=space, workload=load_workload(args.workload), model_dir=args.model,
-                       extra_env=_cap_env(args.gpu_memory_cap), simulate=args.simulate,
+                       extra_env=cap_env(args.gpu_memory_cap), simulate=args.simulate,
                        time_scale=50.0)
     configs = {"default": space.default_params(), "tuned": dict(chosen.params)}
     runs: dict[str, list[dict]] = {"default": [], "tuned": []}

@@ -111,7 +111,7 @@ def run(args: argparse.Namespace) -> int:
                        gpu_index=gpu_index if gpu_state is not None else None,
                        gpu_baseline_bytes=gpu_state.used_bytes if gpu_state else 0,
                        gpu_wait_s=args.gpu_wait,
-                       extra_env=_cap_env(args.gpu_memory_cap))
+                       extra_env=cap_env(args.gpu_memory_cap))
     if args.simulate:
         gpu_desc = f"{args.simulate} (simulated)"
     else:
@@ -177,7 +177,8 @@ def _export(study: optuna.Study, folder: Path) -> None:
     print(f"wrote {folder / 'report.html'}")
 
 
-def _cap_env(cap: str | None) -> dict[str, str]:
+def cap_env(cap: str | None) -> dict[str, str]:
+    """The server environment that makes tuner's launchers cap GPU memory at `cap`."""
     return {"TUNER_GPU_MEMORY_CAP_GIB": f"{parse_size(cap) / 2**30:g}"} if cap else {}
 
 

@@ -1,0 +1,84 @@
+"""`tuner ablate`: vary one knob at a time around a study's chosen config; report dead knobs.
+
+Needs the same --model / --space / --workload (and --simulate) as the study was run with; the
+base config is the study's pick (`--pick`, default knee) or `--trial N`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from tuner import studyref
+from tuner.ablation import ablate
+from tuner.bounds import resolve_space
+from tuner.commands.export import add_pick_args, pick_trial
+from tuner.commands.tune import cap_env
+from tuner.errors import UsageError
+from tuner.gpu import read_gpu
+from tuner.modelinfo import load_model_info
+from tuner.paths import shipped
+from tuner.select import study_objectives
+from tuner.space import load_space
+from tuner.trial import TrialContext
+from tuner.workload import load_workload
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("ablate", help="vary one knob at a time around the chosen config; find dead knobs",
+                       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    studyref.add_study_args(p)
+    add_pick_args(p)
+    p.add_argument("--model", required=True, help="model dir, as given to tune")
+    p.add_argument("--space", default="search_spaces/infinilm.yaml", help="(default: %(default)s)")
+    p.add_argument("--workload", default="studies/quick.yaml", help="(default: %(default)s)")
+    p.add_argument("--simulate", metavar="GPU", help="run on the built-in simulator, as tune did")
+    p.add_argument("--time-scale", type=float, default=25.0, help="with --simulate (default: %(default)s)")
+    p.add_argument("--gpu-memory-cap", metavar="SIZE", help="as given to tune")
+    p.add_argument("--knobs", help="comma-separated knob names (default: every knob)")
+    p.add_argument("--repeats", type=int, default=2, help="runs of the base config for the noise (default: %(default)s)")
+    p.add_argument("--floor", type=float, default=0.02,
+                   help="smallest relative change that counts as an effect (default: %(default)s)")
+    p.add_argument("-o", "--output", help="write the report as JSON here")
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.repeats < 2:
+        raise UsageError("--repeats must be at least 2 (the noise needs two runs)")
+    ref = studyref.resolve(args)
+    study = studyref.load(ref)
+    base = dict(pick_trial(study, args).trial.params)
+    space = load_space(shipped(args.space))
+    workload = load_workload(shipped(args.workload))
+    model = load_model_info(args.model)
+    gpu = read_gpu(0) if not args.simulate else None
+    capacity = None
+    if args.simulate:
+        from tuner.sim.profiles import get_profile
+        capacity = get_profile(args.simulate).memory_bytes
+    elif gpu is not None:
+        capacity = gpu.total_bytes
+    space = resolve_space(space, model, capacity, workload.cells)
+    names = [k.strip() for k in args.knobs.split(",")] if args.knobs else [p.name for p in space.parameters]
+    unknown = [n for n in names if n not in {p.name for p in space.parameters}]
+    if unknown:
+        raise UsageError(f"--knobs: unknown knob(s) {', '.join(unknown)} in {space.path}")
+    ctx = TrialContext(space=space, workload=workload, model_dir=args.model, simulate=args.simulate,
+                       time_scale=args.time_scale, extra_env=cap_env(args.gpu_memory_cap))
+    metrics = [o.metric for o in study_objectives(study)]
+    report = ablate(ctx, base, [space.param(n) for n in names], metrics, ref.folder / "ablation",
+                    repeats=args.repeats, floor=args.floor, log=lambda line: print(line, file=sys.stderr))
+    print(f"noise over {args.repeats} base runs: " + ", ".join(
+        f"{m} {report.noise[m]:.1%} (band {report.band[m]:.1%})" for m in metrics))
+    print(f"{'knob':28s} verdict")
+    for n in names:
+        print(f"{n:28s} {report.verdict(n)}")
+    if args.output:
+        doc = {"study": study.study_name, "base": base, "metrics": metrics, "noise": report.noise,
+               "band": report.band, "base_runs": report.base_runs,
+               "variants": [vars(v) for v in report.variants],
+               "verdicts": {n: report.verdict(n) for n in names}}
+        Path(args.output).write_text(json.dumps(doc, indent=1, default=str))
+    return 0
