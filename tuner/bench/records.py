@@ -9,6 +9,7 @@ for real servers, the simulator's clock when the server reports simulated time.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 
 @dataclass(frozen=True)
@@ -70,3 +71,28 @@ class RequestRecord:
     def output_tokens(self) -> int:
         """Tokens generated: the server's own count when it sent one, else the chunks seen."""
         return self.completion_tokens if self.completion_tokens is not None else len(self.token_times)
+
+
+@dataclass
+class CellResult:
+    """One cell's outcome.  `error_class` is None when every request completed; otherwise
+    "unhealthy" / "server_died" / "hang" (the cell was cut short) or "http_error" (requests
+    failed while the server stayed up)."""
+
+    cell: Cell
+    records: list[RequestRecord]
+    duration_s: float
+    metrics: dict[str, float]
+    error_class: str | None = None
+    error: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON row: the cell's shape, then vllm-named metrics."""
+        c = self.cell
+        row: dict[str, Any] = {"concurrency": c.concurrency, "input_len": c.input_len,
+                               "output_len": c.output_len, "num_prompts": c.num_prompts,
+                               "duration_s": c.duration_s, "request_rate": c.request_rate}
+        row.update(self.metrics)
+        row["error_class"] = self.error_class
+        row["error"] = self.error
+        return row

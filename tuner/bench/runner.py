@@ -15,7 +15,6 @@ import random
 import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 from tqdm import tqdm
@@ -24,7 +23,7 @@ from tuner.bench.client import ABORTED, CONNECTION_ERROR, HTTP_ERROR, STREAM_ERR
 from tuner.bench.health import HANG, SERVER_DIED, UNHEALTHY, HealthWatch, stall_watch
 from tuner.bench.metrics import cell_metrics
 from tuner.bench.prompts import PromptMaker
-from tuner.bench.records import Cell, RequestRecord, Warmup
+from tuner.bench.records import Cell, CellResult, RequestRecord, Warmup
 
 HTTP_ERROR_CELL = "http_error"
 FATAL = (UNHEALTHY, SERVER_DIED, HANG)  # the server is gone: later cells are not run
@@ -33,29 +32,6 @@ FATAL = (UNHEALTHY, SERVER_DIED, HANG)  # the server is gone: later cells are no
 MAX_PROMPT_POOL = 512
 
 
-@dataclass
-class CellResult:
-    """One cell's outcome.  `error_class` is None when every request completed; otherwise
-    "unhealthy" / "server_died" / "hang" (the cell was cut short) or "http_error" (requests
-    failed while the server stayed up)."""
-
-    cell: Cell
-    records: list[RequestRecord]
-    duration_s: float
-    metrics: dict[str, float]
-    error_class: str | None = None
-    error: str = ""
-
-    def to_dict(self) -> dict[str, Any]:
-        """The JSON row: the cell's shape, then vllm-named metrics."""
-        c = self.cell
-        row: dict[str, Any] = {"concurrency": c.concurrency, "input_len": c.input_len,
-                               "output_len": c.output_len, "num_prompts": c.num_prompts,
-                               "duration_s": c.duration_s, "request_rate": c.request_rate}
-        row.update(self.metrics)
-        row["error_class"] = self.error_class
-        row["error"] = self.error
-        return row
 
 
 class _CellRun:
@@ -243,29 +219,12 @@ async def run_cells_async(
     return results
 
 
-def run_cells(
-    endpoint: str,
-    cells: Sequence[Cell],
-    *,
-    model_name: str,
-    api: str = "chat",
-    request_extra: Mapping[str, Any] | None = None,
-    tokenizer_dir: str | None = None,
-    health_url: str | None = None,
-    seed: int = 0,
-    warmup: Warmup | None = None,
-    stall_timeout_s: float = 30.0,
-    slo_ms: Mapping[str, float] | None = None,
-    on_cell: Callable[[CellResult], None] | None = None,
-    progress: bool = False,
-) -> list[CellResult]:
+def run_cells(endpoint: str, cells: Sequence[Cell], **options: Any) -> list[CellResult]:
     """Run `cells` in order against `endpoint` (server root or full /v1/... URL) and return one
-    CellResult per cell run.  After a cell that ends "unhealthy", "server_died" or "hang" the
-    server is gone, so the remaining cells are not run (the list is shorter).  `health_url`
-    None disables the health watch (a connection error then ends the cell as "server_died").
-    `slo_ms` ({"ttft": ms, "tpot": ms, "e2el": ms}) adds `request_goodput`.
+    CellResult per cell run; `options` are `run_cells_async`'s.  After a cell that ends
+    "unhealthy", "server_died" or "hang" the server is gone, so the remaining cells are not run
+    (the list is shorter).  `health_url` None disables the health watch (a connection error then
+    ends the cell as "server_died").  `slo_ms` ({"ttft": ms, "tpot": ms, "e2el": ms}) adds
+    `request_goodput`.
     """
-    return asyncio.run(run_cells_async(
-        endpoint, cells, model_name=model_name, api=api, request_extra=request_extra,
-        tokenizer_dir=tokenizer_dir, health_url=health_url, seed=seed, warmup=warmup,
-        stall_timeout_s=stall_timeout_s, slo_ms=slo_ms, on_cell=on_cell, progress=progress))
+    return asyncio.run(run_cells_async(endpoint, cells, **options))

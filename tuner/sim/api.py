@@ -15,7 +15,7 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 from tuner.bench.metrics import cell_metrics
-from tuner.bench.records import Cell, RequestRecord
+from tuner.bench.records import Cell, CellResult, RequestRecord
 from tuner.modelinfo import load_model_info
 from tuner.sim.config import parse_config
 from tuner.sim.engine import Engine, SimRequest
@@ -24,15 +24,9 @@ from tuner.sim.prompts import CHAT_TEMPLATE_TOKENS
 
 
 @dataclass
-class SimCellResult:
-    """One cell's outcome in simulated seconds (same shape as the bench runner's CellResult)."""
+class SimCellResult(CellResult):
+    """One cell's outcome in simulated seconds, plus the engine's memory figures."""
 
-    cell: Cell
-    records: list[RequestRecord]
-    duration_s: float
-    metrics: dict[str, float]
-    error_class: str | None = None
-    error: str = ""
     peak_bytes: int = 0
     capacity_bytes: int = 0
     idle_bytes: int = 0
