@@ -48,3 +48,10 @@ def test_alternatives_cover_the_range_ends_and_other_choices():
     assert alternatives(FATAL, True) == [False]
     cat = Param(name="c", type="categorical", choices=(16, 32, 64, 256), flag="--c")
     assert alternatives(cat, 32) == [16, 64]
+
+
+def test_one_value_per_knob_tries_the_low_end_only(tmp_path):
+    base = {"live": 8, "dead": 8, "fatal": False}
+    report = ablate(None, base, [LIVE, DEAD], METRICS, tmp_path, per_knob=1, runner=fake_runner)
+    assert [(v.knob, v.value) for v in report.variants] == [("live", 1), ("dead", 1)]
+    assert report.verdict("live") == "effect" and report.verdict("dead") == "no effect"

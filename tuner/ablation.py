@@ -71,9 +71,10 @@ def _rel(a: float, b: float) -> float:
 
 
 def ablate(ctx: TrialContext, base: dict[str, Any], knobs: list[Param], metrics: list[str],
-           trial_root: Path, repeats: int = 2, floor: float = 0.02,
+           trial_root: Path, repeats: int = 2, floor: float = 0.02, per_knob: int = 2,
            runner: Runner = run_trial, log: Callable[[str], None] = lambda line: None) -> AblationReport:
-    """Run the base config `repeats` times, then each single-knob variant once."""
+    """Run the base config `repeats` times, then each single-knob variant (up to `per_knob`
+    values per knob) once."""
     base_runs = []
     for i in range(repeats):
         res = runner(ctx, base, trial_root / f"base-{i}")
@@ -86,7 +87,7 @@ def ablate(ctx: TrialContext, base: dict[str, Any], knobs: list[Param], metrics:
     band = {m: max(floor, 2 * noise[m]) for m in metrics}
     report = AblationReport(metrics, base_runs, noise, band)
     for p in knobs:
-        for value in alternatives(p, base.get(p.name, p.default)):
+        for value in alternatives(p, base.get(p.name, p.default), limit=per_knob):
             params = {**base, p.name: value}
             res = runner(ctx, params, trial_root / f"{p.name}={value}")
             change = ({m: _rel(res.metrics[m], centre[m]) for m in metrics}

@@ -55,12 +55,13 @@ def read_gpu(index: int = 0) -> GpuState | None:
 
 
 def wait_until_free(index: int, baseline_used: int, timeout_s: float, slack_bytes: int = 512 * 2**20,
-                    poll_s: float = 1.0) -> GpuState | None:
-    """Wait until no compute process holds GPU `index` and its memory is back near baseline."""
+                    poll_s: float = 1.0, known_pids: tuple[int, ...] = ()) -> GpuState | None:
+    """Wait until no compute process but `known_pids` (the tuner's own ballast, as NVML names
+    it) holds GPU `index` and its memory is back near baseline."""
     deadline = time.monotonic() + timeout_s
     state = read_gpu(index)
     while state is not None:
-        if not state.pids and state.used_bytes <= baseline_used + slack_bytes:
+        if not set(state.pids) - set(known_pids) and state.used_bytes <= baseline_used + slack_bytes:
             return state
         if time.monotonic() > deadline:
             raise UsageError(

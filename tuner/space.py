@@ -28,7 +28,7 @@ AUTO = "auto"  # `high: auto`: the bound is computed from the model and GPU (tun
 _TOP_KEYS = {"name", "description", "server", "fixed_flags", "fixed_env", "parameters",
              "failure_patterns"}
 _SERVER_KEYS = {"command", "simulator", "health_path", "startup_timeout_s", "api",
-                "request_extra", "warmup_before_health", "model_name"}
+                "request_extra", "warmup_before_health", "model_name", "memory_cap"}
 
 
 @dataclass(frozen=True)
@@ -97,6 +97,7 @@ class ServerSpec:
     request_extra: dict[str, Any] = field(default_factory=dict)
     warmup_before_health: bool = False
     model_name: str | None = None
+    memory_cap: str = "ballast"   # how --gpu-memory-cap reaches it: "env" or a ballast process
 
 
 @dataclass(frozen=True)
@@ -291,6 +292,9 @@ def load_space(path: str | Path) -> SearchSpace:
                  path, f"server.{key}", "must be a non-empty list of strings")
     _require(server.get("api", "chat") in ("chat", "completions"), path, "server.api",
              "must be 'chat' or 'completions'")
+    _require(server.get("memory_cap", "ballast") in ("ballast", "env"), path, "server.memory_cap",
+             "must be 'ballast' (tuner holds the card above --gpu-memory-cap) or 'env' (the "
+             "server caps itself at TUNER_GPU_MEMORY_CAP_GIB)")
     params = raw["parameters"]
     _require(isinstance(params, dict) and params, path, "parameters", "must be a non-empty mapping")
     parsed = tuple(_parse_param(path, str(n), s) for n, s in params.items())
@@ -318,7 +322,8 @@ def load_space(path: str | Path) -> SearchSpace:
             api=str(server.get("api", "chat")),
             request_extra=dict(server.get("request_extra") or {}),
             warmup_before_health=bool(server.get("warmup_before_health", False)),
-            model_name=server.get("model_name")),
+            model_name=server.get("model_name"),
+            memory_cap=str(server.get("memory_cap", "ballast"))),
         fixed_flags=tuple(str(a) for a in fixed_flags),
         fixed_env={str(k): str(v) for k, v in fixed_env.items()},
         parameters=parsed,

@@ -39,6 +39,7 @@ class TrialContext:
     model_name: str | None = None
     gpu_index: int | None = None         # NVML index of the real GPU to check between trials
     gpu_baseline_bytes: int = 0          # its memory use when idle
+    gpu_known_pids: tuple[int, ...] = () # processes of the tuner's own on it (a memory-cap ballast)
     gpu_wait_s: float = 300.0
     extra_env: dict[str, str] = field(default_factory=dict)  # added to every server's environment
 
@@ -114,7 +115,8 @@ def run_trial(ctx: TrialContext, params: dict[str, Any], trial_dir: Path,
     healthy = False
     health_failed = False
     if ctx.gpu_index is not None:
-        wait_until_free(ctx.gpu_index, ctx.gpu_baseline_bytes, ctx.gpu_wait_s)
+        wait_until_free(ctx.gpu_index, ctx.gpu_baseline_bytes, ctx.gpu_wait_s,
+                        known_pids=ctx.gpu_known_pids)
     with server:
         startup = ctx.startup_timeout_s or ctx.space.server.startup_timeout_s
         healthy = server.wait_healthy(startup / scale if ctx.simulate else startup)
@@ -145,7 +147,8 @@ def run_trial(ctx: TrialContext, params: dict[str, Any], trial_dir: Path,
             health_failed = state.alive and state.status != 200
         exit_code = server.exit_code
     if ctx.gpu_index is not None:
-        wait_until_free(ctx.gpu_index, ctx.gpu_baseline_bytes, ctx.gpu_wait_s)
+        wait_until_free(ctx.gpu_index, ctx.gpu_baseline_bytes, ctx.gpu_wait_s,
+                        known_pids=ctx.gpu_known_pids)
     evidence = Evidence(log_text=server.log_text(), became_healthy=healthy, exit_code=exit_code,
                         health_failed=health_failed,
                         cell_errors=tuple(r.error_class for r in results if r.error_class),

@@ -53,10 +53,21 @@ def make(out: Path, shape: str, device: str) -> None:
         model = LlamaForCausalLM(cfg)
     model.generation_config = GenerationConfig(do_sample=False)
     model.save_pretrained(out)
+    _flat_config(out / "config.json", dims, str(torch.get_default_dtype()).removeprefix("torch."))
     n = sum(p.numel() for p in model.parameters())
     (out / "tuner_model.json").write_text(json.dumps({"shape": shape, "params": n, "random_weights": True}))
     print(f"[mkmodel] {shape}: {n / 1e9:.2f} B params, random weights, saved to {out} in "
           f"{time.time() - t0:.1f} s", flush=True)
+
+
+def _flat_config(path: Path, dims: dict, dtype: str) -> None:
+    """transformers 5 nests rope_theta under rope_parameters; InfiniLM's C++ config reader wants
+    it (and the dtype, head_dim and a null rope_scaling) at the top level."""
+    cfg = json.loads(path.read_text())
+    cfg.update({"rope_theta": dims.get("rope_theta", 10000.0), "rope_scaling": None,
+                "torch_dtype": dtype, "dtype": dtype,
+                "head_dim": dims["hidden_size"] // dims["num_attention_heads"]})
+    path.write_text(json.dumps(cfg, indent=2))
 
 
 def main() -> None:

@@ -18,9 +18,10 @@ from pathlib import Path
 
 import optuna
 
-from tuner.commands.tune import cap_env
+from tuner.ballast import memory_cap
+from tuner.gpu import read_gpu
 from tuner.select import choose
-from tuner.space import load_space
+from tuner.space import SearchSpace, load_space
 from tuner.trial import TrialContext, run_trial
 from tuner.workload import load_workload
 
@@ -45,9 +46,19 @@ def main() -> int:
     study = optuna.load_study(study_name=args.study, storage=storage)
     chosen = choose(study, args.pick).trial
     space = load_space(args.space)
-    ctx = TrialContext(space=space, workload=load_workload(args.workload), model_dir=args.model,
-                       extra_env=cap_env(args.gpu_memory_cap), simulate=args.simulate,
-                       time_scale=50.0)
+    with memory_cap(space, args.gpu_memory_cap, None if args.simulate else read_gpu(0),
+                    simulate=args.simulate is not None) as cap:
+        idle = cap.idle
+        ctx = TrialContext(space=space, workload=load_workload(args.workload), model_dir=args.model,
+                           extra_env=cap.env, simulate=args.simulate, time_scale=50.0,
+                           gpu_index=idle.index if idle else None,
+                           gpu_baseline_bytes=idle.used_bytes if idle else 0,
+                           gpu_known_pids=idle.pids if idle else ())
+        return _compare(args, chosen, space, ctx)
+
+
+def _compare(args: argparse.Namespace, chosen: optuna.trial.FrozenTrial, space: SearchSpace,
+             ctx: TrialContext) -> int:
     configs = {"default": space.default_params(), "tuned": dict(chosen.params)}
     runs: dict[str, list[dict]] = {"default": [], "tuned": []}
     base = Path(args.studies_dir) / args.study / "side_by_side"

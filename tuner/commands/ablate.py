@@ -13,9 +13,9 @@ from pathlib import Path
 
 from tuner import studyref
 from tuner.ablation import ablate
-from tuner.bounds import resolve_space
+from tuner.ballast import memory_cap
+from tuner.bounds import parse_size, resolve_space
 from tuner.commands.export import add_pick_args, pick_trial
-from tuner.commands.tune import cap_env
 from tuner.errors import UsageError
 from tuner.gpu import read_gpu
 from tuner.modelinfo import load_model_info
@@ -39,6 +39,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--gpu-memory-cap", metavar="SIZE", help="as given to tune")
     p.add_argument("--knobs", help="comma-separated knob names (default: every knob)")
     p.add_argument("--repeats", type=int, default=2, help="runs of the base config for the noise (default: %(default)s)")
+    p.add_argument("--per-knob", type=int, default=2, choices=(1, 2),
+                   help="values tried per knob: 1 = the low end of its range (or another choice), "
+                        "2 = both ends (default: %(default)s)")
     p.add_argument("--floor", type=float, default=0.02,
                    help="smallest relative change that counts as an effect (default: %(default)s)")
     p.add_argument("-o", "--output", help="write the report as JSON here")
@@ -55,7 +58,9 @@ def run(args: argparse.Namespace) -> int:
     model = load_model_info(args.model)
     gpu = read_gpu(0) if not args.simulate else None
     capacity = None
-    if args.simulate:
+    if args.gpu_memory_cap:
+        capacity = parse_size(args.gpu_memory_cap)
+    elif args.simulate:
         from tuner.sim.profiles import get_profile
         capacity = get_profile(args.simulate).memory_bytes
     elif gpu is not None:
@@ -65,11 +70,17 @@ def run(args: argparse.Namespace) -> int:
     unknown = [n for n in names if n not in {p.name for p in space.parameters}]
     if unknown:
         raise UsageError(f"--knobs: unknown knob(s) {', '.join(unknown)} in {space.path}")
-    ctx = TrialContext(space=space, workload=workload, model_dir=args.model, simulate=args.simulate,
-                       time_scale=args.time_scale, extra_env=cap_env(args.gpu_memory_cap))
     metrics = [o.metric for o in study_objectives(study)]
-    report = ablate(ctx, base, [space.param(n) for n in names], metrics, ref.folder / "ablation",
-                    repeats=args.repeats, floor=args.floor, log=lambda line: print(line, file=sys.stderr))
+    with memory_cap(space, args.gpu_memory_cap, gpu, simulate=args.simulate is not None) as cap:
+        idle = cap.idle
+        ctx = TrialContext(space=space, workload=workload, model_dir=args.model,
+                           simulate=args.simulate, time_scale=args.time_scale, extra_env=cap.env,
+                           gpu_index=idle.index if idle else None,
+                           gpu_baseline_bytes=idle.used_bytes if idle else 0,
+                           gpu_known_pids=idle.pids if idle else ())
+        report = ablate(ctx, base, [space.param(n) for n in names], metrics, ref.folder / "ablation",
+                        repeats=args.repeats, floor=args.floor, per_knob=args.per_knob,
+                        log=lambda line: print(line, file=sys.stderr))
     print(f"noise over {args.repeats} base runs: " + ", ".join(
         f"{m} {report.noise[m]:.1%} (band {report.band[m]:.1%})" for m in metrics))
     print(f"{'knob':28s} verdict")

@@ -9,6 +9,7 @@ is touched, so a mistake leaves nothing behind.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
 import warnings
 from pathlib import Path
@@ -19,7 +20,8 @@ from tqdm import tqdm
 
 from tuner import envfile, export, preflight
 from tuner.adaptive import add_adaptive_args, capacity_bytes, check_adaptive_args, warm_start
-from tuner.bounds import parse_size, resolve_space, resolved_bounds
+from tuner.ballast import CapSetup, memory_cap
+from tuner.bounds import resolve_space, resolved_bounds
 from tuner.budget import finished, run_to_budget
 from tuner.errors import UsageError
 from tuner.gpu import read_gpu
@@ -82,6 +84,11 @@ def _default_study_name(space: str, model: str, simulate: str | None) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
+    with contextlib.ExitStack() as stack:  # holds the memory-cap ballast while trials run
+        return _run(args, stack)
+
+
+def _run(args: argparse.Namespace, stack: contextlib.ExitStack) -> int:
     optuna.logging.set_verbosity(optuna.logging.WARNING)  # the progress bar reports trials
     warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
     warnings.filterwarnings("ignore", category=FutureWarning, module="optuna")
@@ -105,20 +112,30 @@ def run(args: argparse.Namespace) -> int:
     gpu_state = read_gpu(gpu_index) if gpu_index is not None else None
     capacity = capacity_bytes(args, gpu_state)
     space = resolve_space(space, model, capacity, workload.cells)
+    preflight.check_launch(TrialContext(space=space, workload=workload, model_dir=args.model,
+                                        simulate=args.simulate, time_scale=args.time_scale))
+    if gpus:  # each worker applies the cap to its own GPU
+        cap = CapSetup(env={}, idle=gpu_state)
+    else:
+        cap = stack.enter_context(memory_cap(space, args.gpu_memory_cap, gpu_state,
+                                             simulate=args.simulate is not None))
+    if cap.held_bytes:
+        print(f"--gpu-memory-cap {args.gpu_memory_cap}: a ballast process holds "
+              f"{cap.held_bytes / 2**30:.1f} GiB of the GPU while trials run")
+    idle = cap.idle
     ctx = TrialContext(space=space, workload=workload, model_dir=args.model,
                        simulate=args.simulate, time_scale=args.time_scale,
                        stall_timeout_s=args.stall_timeout, startup_timeout_s=args.startup_timeout,
-                       gpu_index=gpu_index if gpu_state is not None else None,
-                       gpu_baseline_bytes=gpu_state.used_bytes if gpu_state else 0,
-                       gpu_wait_s=args.gpu_wait,
-                       extra_env=cap_env(args.gpu_memory_cap))
+                       gpu_index=gpu_index if idle is not None else None,
+                       gpu_baseline_bytes=idle.used_bytes if idle else 0,
+                       gpu_known_pids=idle.pids if idle else (), gpu_wait_s=args.gpu_wait,
+                       extra_env=cap.env)
     if args.simulate:
         gpu_desc = f"{args.simulate} (simulated)"
     else:
         gpu_desc = gpu_state.describe if gpu_state else "unknown GPU (NVML unavailable)"
         if args.gpu_memory_cap:
             gpu_desc += f", capped at {args.gpu_memory_cap}"
-    preflight.check_launch(ctx)
     db = Path(url[len("sqlite:///"):]) if url.startswith("sqlite:///") else None
     if args.resume and db is not None and not db.is_file():
         raise UsageError(f"--resume: no study '{name}' ({db} not found)")
@@ -175,11 +192,6 @@ def _export(study: optuna.Study, folder: Path) -> None:
     figs = write_report(folder / "report.html", study, choice)
     store_in_dashboard(study, figs)
     print(f"wrote {folder / 'report.html'}")
-
-
-def cap_env(cap: str | None) -> dict[str, str]:
-    """The server environment that makes tuner's launchers cap GPU memory at `cap`."""
-    return {"TUNER_GPU_MEMORY_CAP_GIB": f"{parse_size(cap) / 2**30:g}"} if cap else {}
 
 
 def _argv_without_gpus(argv: list[str]) -> list[str]:
