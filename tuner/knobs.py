@@ -5,12 +5,15 @@ unpatched InfiniLM, a typo in an env name) silently wastes the sampler's budget.
 trials that ran to completion, each knob's fANOVA importance for each objective says how much
 of the objective's variance it explains; a knob below `threshold` for every objective showed no
 measurable effect in this study.  With few trials fANOVA is noisy, so this is a warning to
-look, not a proof: the report says how many trials it used.
+look, not a proof: the report says how many trials it used, a knob that all but one trial
+left at the same value is reported as too little varied to judge (fANOVA would call it dead),
+and the report points to `tuner ablate`, which settles the question one knob at a time.
 """
 
 from __future__ import annotations
 
 import warnings
+from collections import Counter
 from dataclasses import dataclass
 
 import optuna
@@ -26,6 +29,7 @@ class KnobReport:
     importance: dict[str, dict[str, float]]   # knob -> objective label -> share of variance
     no_effect: list[str]                      # knobs below the threshold for every objective
     constant: list[str]                       # knobs that took a single value in those trials
+    barely_varied: list[str]                  # all trials but one at the same value: no verdict
 
 
 def knob_report(study: optuna.Study, threshold: float = 0.02) -> KnobReport | None:
@@ -37,8 +41,10 @@ def knob_report(study: optuna.Study, threshold: float = 0.02) -> KnobReport | No
     labels = [str(x) for x in study.user_attrs.get("objectives", [])] or \
         [f"objective {i}" for i in range(len(study.directions))]
     params = sorted({k for t in ok for k in t.params})
-    constant = [p for p in params if len({repr(t.params.get(p)) for t in ok}) == 1]
+    counts = {p: Counter(repr(t.params.get(p)) for t in ok) for p in params}
+    constant = [p for p in params if len(counts[p]) == 1]
     varying = [p for p in params if p not in constant]
+    barely = [p for p in varying if counts[p].most_common(1)[0][1] >= len(ok) - 1]
     verbosity = optuna.logging.get_verbosity()
     optuna.logging.set_verbosity(optuna.logging.WARNING)  # the throw-away study is not news
     try:
@@ -56,8 +62,9 @@ def knob_report(study: optuna.Study, threshold: float = 0.02) -> KnobReport | No
                                            params=varying, target=lambda t, i=i: t.values[i])
             for p in varying:
                 importance[p][label] = float(scores.get(p, 0.0))
-    no_effect = [p for p in varying if all(v < threshold for v in importance[p].values())]
-    return KnobReport(len(ok), importance, no_effect, constant)
+    no_effect = [p for p in varying if p not in barely
+                 and all(v < threshold for v in importance[p].values())]
+    return KnobReport(len(ok), importance, no_effect, constant, barely)
 
 
 def describe(report: KnobReport | None, threshold: float = 0.02) -> str:
@@ -68,8 +75,14 @@ def describe(report: KnobReport | None, threshold: float = 0.02) -> str:
         lines.append(f"  {knob:28s} " + "  ".join(f"{lab}={v:.2f}" for lab, v in per.items()))
     if report.no_effect:
         lines.append(f"  no measurable effect (< {threshold:.0%} on every objective): "
-                     + ", ".join(report.no_effect) + " (with few trials this is noisy; if it persists,"
-                     " check that the server reads them)")
+                     + ", ".join(report.no_effect) + " (with few trials this is noisy)")
+    if report.barely_varied:
+        lines.append("  too little varied to judge (all ok trials but one at one value): "
+                     + ", ".join(report.barely_varied))
     if report.constant:
         lines.append("  never varied among ok trials: " + ", ".join(report.constant))
+    unsure = report.no_effect + report.barely_varied + report.constant
+    if unsure:
+        lines.append("  to check whether the server reads them: tuner ablate --knobs " + ",".join(unsure)
+                     + " (plus the study's --study/--model/--space/--workload)")
     return "\n".join(lines)

@@ -67,7 +67,8 @@ def as_json(study: optuna.Study, pareto: Sequence[int], choice: Choice | None, r
 def _knobs_json(study: optuna.Study) -> dict[str, Any] | None:
     rep = knob_report(study)
     return None if rep is None else {"trials_used": rep.trials_used, "importance": rep.importance,
-                                     "no_effect": rep.no_effect, "constant": rep.constant}
+                                     "no_effect": rep.no_effect, "constant": rep.constant,
+                                     "barely_varied": rep.barely_varied}
 
 
 def _cell(v: Any) -> str:
