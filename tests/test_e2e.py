@@ -96,3 +96,28 @@ def test_ctrl_c_mid_trial_leaves_no_server_and_frees_the_port(tmp_path):
     assert b"interrupted" in err
     for port in _ports(studies / "cc" / "trials"):
         assert port_is_free(port) and not _sim_processes(f"--port {port}")
+
+
+def test_ablate_on_the_simulator_finds_the_knob_it_ignores(tmp_path, capsys):
+    """A misspelt variable (the simulator, like InfiniLM, reads INFINILM_PREFILL_BATCH_CAP) is
+    found dead, max_batch_size alive; the verdicts reach the study and best.env."""
+    space = tmp_path / "space.yaml"
+    space.write_text(SPACE.read_text().replace("parameters:\n", "parameters:\n  typo_cap:\n"
+                     "    {type: int, low: 1, high: 64, env: INFINILM_PREFIL_BATCH_CAP}\n", 1))
+    studies = tmp_path / "studies"
+    common = ["--model", MODEL, "--simulate", "rtx4090", "--time-scale", "50", "--space", str(space),
+              "--studies-dir", str(studies), "--study", "ab"]
+    assert main(["tune", *common, "--trials", "3", "--sampler", "random", "--seed", "1",
+                 "--no-export"]) == 0
+    out = tmp_path / "ablation.json"
+    # a 10% floor: at 50x simulated time, wall-clock jitter moves a p99 of 4 requests by a few %
+    assert main(["ablate", *common, "--knobs", "max_batch_size,typo_cap", "--per-knob", "1",
+                 "--floor", "0.1", "-o", str(out)]) == 0
+    verdicts = json.loads(out.read_text())["verdicts"]
+    assert verdicts == {"max_batch_size": "effect", "typo_cap": "no effect"}
+    study = optuna.load_study(study_name="ab", storage=f"sqlite:///{studies / 'ab' / 'study.db'}")
+    assert study.user_attrs["ablation"]["verdicts"] == verdicts
+    assert main(["export", "--studies-dir", str(studies), "--study", "ab"]) == 0
+    assert "no effect on this server, within the noise: INFINILM_PREFIL_BATCH_CAP" in \
+        (studies / "ab" / "best.env").read_text()
+    capsys.readouterr()

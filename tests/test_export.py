@@ -147,3 +147,15 @@ def test_flag_tokens_follow_the_rendered_argv():
         user_attrs={"argv": ["srv", "--tp", "1", "--graph", "--blocks=64", "--size", "16"]})
     flags = {"blocks": "--blocks", "graph": "--graph", "eager": "--eager", "size": "--size"}
     assert tuned_args(trial, flags) == ["--graph", "--blocks=64", "--size", "16"]
+
+
+def test_knobs_ablate_found_dead_are_named_in_the_header(studies):
+    study = optuna.load_study(study_name="demo", storage=f"sqlite:///{studies / 'demo' / 'study.db'}")
+    study.set_user_attr("ablation", {"base_trial": 3, "band": {}, "verdicts": {
+        "prefill_cap": "no effect", "enable_graph": "no effect", "num_blocks": "effect"}})
+    assert run_cli(["export", "--studies-dir", str(studies)]) == 0
+    text = (studies / "demo" / "best.env").read_text()
+    line = next(x for x in text.splitlines() if "tuner ablate" in x)
+    assert line == ("# tuner ablate (around trial 3): no effect on this server, within the noise: "
+                    "INFINILM_PREFILL_BATCH_CAP, --enable-graph")
+    assert "INFINILM_PREFILL_BATCH_CAP" in envfile.parse(text)  # kept: the config as measured

@@ -22,6 +22,8 @@ from tuner.space import Param
 from tuner.trial import TrialContext, TrialResult, run_trial
 
 Runner = Callable[[TrialContext, dict[str, Any], Path], TrialResult]
+ABLATION_ATTR = "ablation"   # study user_attr: {"base_trial", "verdicts": {knob: verdict}, "band"}
+NO_EFFECT = "no effect"
 
 
 @dataclass
@@ -47,7 +49,7 @@ class AblationReport:
         if any(v.outcome != "ok" for v in mine):
             return "effect (changes the outcome)"
         moved = any(abs(v.change.get(m, 0.0)) > self.band[m] for v in mine for m in self.metrics)
-        return "effect" if moved else "no effect"
+        return "effect" if moved else NO_EFFECT
 
 
 def alternatives(p: Param, value: Any, limit: int = 2) -> list[Any]:

@@ -90,7 +90,8 @@ def hold(gpu_index: int, cap_bytes: int, python: str = sys.executable) -> Iterat
     if state is None:
         raise UsageError("--gpu-memory-cap needs NVML to see the GPU (or use --simulate)")
     leave = target_free(cap_bytes, state)
-    env = {**os.environ, "CUDA_VISIBLE_DEVICES": str(gpu_index)}
+    # NVML numbers GPUs by PCI bus; CUDA does too only when told
+    env = {**os.environ, "CUDA_DEVICE_ORDER": "PCI_BUS_ID", "CUDA_VISIBLE_DEVICES": str(gpu_index)}
     proc = subprocess.Popen([python, "-m", "tuner.ballast", "--gpu", "0", "--leave", str(leave)],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env,
                             start_new_session=True, preexec_fn=die_with_parent())

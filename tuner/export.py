@@ -19,6 +19,7 @@ from optuna.trial import FrozenTrial
 
 import tuner
 from tuner import envfile
+from tuner.ablation import ABLATION_ATTR, NO_EFFECT
 from tuner.errors import UsageError
 from tuner.select import Choice, study_objectives
 
@@ -105,10 +106,21 @@ def build(study: optuna.Study, choice: Choice, *, now: _dt.datetime | None = Non
         "values": {o.metric: v for o, v in zip(objectives, trial.values or [])},
         "metrics": dict(trial.user_attrs.get("metrics") or {}),
         "launch": envfile.server_args_line(trial.user_attrs.get("argv") or []),
+        "no_effect": _no_effect(attrs),
     }
     return ExportConfig(env=tuned_env(trial, attrs["env_params"]),
                         server_args=tuned_args(trial, attrs["flag_params"]),
                         params=dict(trial.params), provenance=provenance)
+
+
+def _no_effect(attrs: Mapping[str, Any]) -> dict[str, Any] | None:
+    """Knobs `tuner ablate` found dead on this server, by the names the deployment sees."""
+    ablation = attrs.get(ABLATION_ATTR)
+    if not isinstance(ablation, dict):
+        return None
+    names = {**attrs.get("flag_params", {}), **attrs.get("env_params", {})}
+    dead = [names.get(k, k) for k, v in (ablation.get("verdicts") or {}).items() if v == NO_EFFECT]
+    return {"base_trial": ablation.get("base_trial"), "knobs": dead} if dead else None
 
 
 def _fmt(v: Any) -> str:
@@ -128,6 +140,9 @@ def env_header(cfg: ExportConfig) -> list[str]:
     shown = [(k, p["metrics"][k]) for k in HEADER_METRICS if k in p["metrics"]]
     for i in range(0, len(shown), 4):
         lines.append("metrics: " + ", ".join(f"{k}={_fmt(v)}" for k, v in shown[i:i + 4]))
+    if p.get("no_effect"):
+        lines.append(f"tuner ablate (around trial {p['no_effect']['base_trial']}): no effect on this "
+                     f"server, within the noise: {', '.join(p['no_effect']['knobs'])}")
     lines += ["params: " + ", ".join(f"{k}={v}" for k, v in cfg.params.items()),
               f"launch (as tried): {p['launch']}",
               f"{envfile.SERVER_ARGS_VAR} holds the tuned server flags comma-separated (no spaces, so",

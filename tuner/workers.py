@@ -30,7 +30,7 @@ def run_workers(worker_argv: list[str], gpus: list[int]) -> int:
     procs = []
     try:
         for gpu in gpus:
-            env = {**os.environ, "CUDA_VISIBLE_DEVICES": str(gpu)}
+            env = {**os.environ, "CUDA_DEVICE_ORDER": "PCI_BUS_ID", "CUDA_VISIBLE_DEVICES": str(gpu)}
             procs.append(subprocess.Popen(
                 [sys.executable, "-m", "tuner.cli", *worker_argv, "--gpu-index", str(gpu)],
                 env=env, start_new_session=True, preexec_fn=die_with_parent()))

@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 from tuner import studyref
-from tuner.ablation import ablate
+from tuner.ablation import ABLATION_ATTR, ablate
 from tuner.ballast import memory_cap
 from tuner.bounds import parse_size, resolve_space
 from tuner.commands.export import add_pick_args, pick_trial
@@ -52,7 +52,8 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError("--repeats must be at least 2 (the noise needs two runs)")
     ref = studyref.resolve(args)
     study = studyref.load(ref)
-    base = dict(pick_trial(study, args).trial.params)
+    base_trial = pick_trial(study, args).trial
+    base = dict(base_trial.params)
     space = load_space(shipped(args.space))
     workload = load_workload(shipped(args.workload))
     model = load_model_info(args.model)
@@ -86,10 +87,14 @@ def run(args: argparse.Namespace) -> int:
     print(f"{'knob':28s} verdict")
     for n in names:
         print(f"{n:28s} {report.verdict(n)}")
+    verdicts = {n: report.verdict(n) for n in names}
+    # kept with the study, so that `tuner export` can say which exported knobs did nothing
+    study.set_user_attr(ABLATION_ATTR, {"base_trial": base_trial.number, "verdicts": verdicts,
+                                        "band": report.band})
     if args.output:
-        doc = {"study": study.study_name, "base": base, "metrics": metrics, "noise": report.noise,
-               "band": report.band, "base_runs": report.base_runs,
-               "variants": [vars(v) for v in report.variants],
-               "verdicts": {n: report.verdict(n) for n in names}}
+        doc = {"study": study.study_name, "base_trial": base_trial.number, "base": base,
+               "metrics": metrics, "noise": report.noise, "band": report.band,
+               "base_runs": report.base_runs, "variants": [vars(v) for v in report.variants],
+               "verdicts": verdicts}
         Path(args.output).write_text(json.dumps(doc, indent=1, default=str))
     return 0
