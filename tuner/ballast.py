@@ -24,6 +24,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import Any
 
 from tuner.bounds import parse_size
 from tuner.errors import UsageError
@@ -52,6 +53,7 @@ class CapSetup:
     env: dict[str, str]          # added to every server's environment
     idle: GpuState | None        # the card trials start from: idle memory and the tuner's own pids
     held_bytes: int = 0          # held by the ballast (0: none)
+    free_bytes: int = 0          # what the servers find free while it holds
 
 
 def cap_env(cap: str | None) -> dict[str, str]:
@@ -71,7 +73,7 @@ def memory_cap(space: SearchSpace, cap: str | None, gpu: GpuState | None,
         raise UsageError("--gpu-memory-cap: NVML does not see the GPU, so the memory above the "
                          "cap cannot be held (or use --simulate)")
     with hold(gpu.index, parse_size(cap)) as held:
-        yield CapSetup(env={}, idle=held.state, held_bytes=held.held_bytes)
+        yield CapSetup(env={}, idle=held.state, held_bytes=held.held_bytes, free_bytes=held.free_bytes)
 
 
 def target_free(cap_bytes: int, state: GpuState) -> int:
@@ -124,7 +126,7 @@ def _wait_ready(proc: subprocess.Popen[bytes]) -> tuple[int, int]:
     raise UsageError(f"--gpu-memory-cap: the ballast process could not hold the GPU: {reason}")
 
 
-def _fill(leave: int) -> list[object]:
+def _fill(leave: int) -> list[Any]:
     """Allocate in shrinking chunks until the device's free memory is at most `leave`; the
     tensors must stay referenced for as long as the memory is to be held."""
     import torch

@@ -121,7 +121,8 @@ def _run(args: argparse.Namespace, stack: contextlib.ExitStack) -> int:
                                              simulate=args.simulate is not None))
     if cap.held_bytes:
         print(f"--gpu-memory-cap {args.gpu_memory_cap}: a ballast process holds "
-              f"{cap.held_bytes / 2**30:.1f} GiB of the GPU while trials run")
+              f"{cap.held_bytes / 2**30:.1f} GiB of the GPU while trials run; servers find "
+              f"{cap.free_bytes / 2**30:.1f} GiB free")
     idle = cap.idle
     ctx = TrialContext(space=space, workload=workload, model_dir=args.model,
                        simulate=args.simulate, time_scale=args.time_scale,
