@@ -102,7 +102,7 @@ def test_ablate_on_the_simulator_finds_the_knob_it_ignores(tmp_path, capsys):
     """A misspelt variable (the simulator, like InfiniLM, reads INFINILM_PREFILL_BATCH_CAP) is
     found dead, max_batch_size alive; the verdicts reach the study and best.env."""
     space = tmp_path / "space.yaml"
-    space.write_text(SPACE.read_text().replace("parameters:\n", "parameters:\n  typo_cap:\n"
+    space.write_text(SPACE.read_text().replace("\nparameters:\n", "\nparameters:\n  typo_cap:\n"
                      "    {type: int, low: 1, high: 64, env: INFINILM_PREFIL_BATCH_CAP}\n", 1))
     studies = tmp_path / "studies"
     common = ["--model", MODEL, "--simulate", "rtx4090", "--time-scale", "50", "--space", str(space),
