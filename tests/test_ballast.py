@@ -60,13 +60,12 @@ def test_free_memory_target_is_the_small_card_minus_what_the_idle_card_uses():
         ballast.target_free(141 * GIB, H200)
 
 
-def test_a_ballast_that_cannot_hold_the_card_is_reported_and_leaves_nothing(monkeypatch):
+def test_a_ballast_that_cannot_hold_the_card_is_reported_and_leaves_nothing():
     """A real `python -m tuner.ballast` child on a machine where it cannot allocate (no CUDA
     here, or a negative target): its reason reaches the user and its process is gone."""
-    monkeypatch.setattr(ballast, "read_gpu", lambda index=0: H200)
     cap = 0 if _cuda_available() else 24 * GIB
     with pytest.raises(UsageError, match="ballast process could not hold the GPU: (no CUDA|--leave)"):
-        with ballast.hold(0, cap):
+        with ballast.hold(H200, cap):
             pass
     assert processes_matching("tuner.ballast") == []
 

@@ -45,7 +45,7 @@ def add_adaptive_args(p: argparse.ArgumentParser) -> None:
 def capacity_bytes(args: argparse.Namespace, gpu_state: GpuState | None) -> int | None:
     """--gpu-memory, else --gpu-memory-cap, else the simulated profile's memory, else the real
     card's (NVML)."""
-    if args.gpu_memory:
+    if getattr(args, "gpu_memory", None):  # `tuner ablate` has no --gpu-memory
         return parse_size(args.gpu_memory)
     if getattr(args, "gpu_memory_cap", None):
         return parse_size(args.gpu_memory_cap)

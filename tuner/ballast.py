@@ -55,6 +55,14 @@ class CapSetup:
     held_bytes: int = 0          # held by the ballast (0: none)
     free_bytes: int = 0          # what the servers find free while it holds
 
+    def trial_fields(self) -> dict[str, Any]:
+        """The TrialContext fields that come from the cap: server env, and the idle card to
+        wait for between trials."""
+        idle = self.idle
+        return {"extra_env": self.env, "gpu_index": idle.index if idle else None,
+                "gpu_baseline_bytes": idle.used_bytes if idle else 0,
+                "gpu_known_pids": idle.pids if idle else ()}
+
 
 def cap_env(cap: str | None) -> dict[str, str]:
     """The server environment that makes tuner's launchers cap GPU memory at `cap`."""
@@ -72,7 +80,7 @@ def memory_cap(space: SearchSpace, cap: str | None, gpu: GpuState | None,
     if gpu is None:
         raise UsageError("--gpu-memory-cap: NVML does not see the GPU, so the memory above the "
                          "cap cannot be held (or use --simulate)")
-    with hold(gpu.index, parse_size(cap)) as held:
+    with hold(gpu, parse_size(cap)) as held:
         yield CapSetup(env={}, idle=held.state, held_bytes=held.held_bytes, free_bytes=held.free_bytes)
 
 
@@ -86,11 +94,9 @@ def target_free(cap_bytes: int, state: GpuState) -> int:
 
 
 @contextmanager
-def hold(gpu_index: int, cap_bytes: int, python: str = sys.executable) -> Iterator[Held]:
-    """Hold GPU `gpu_index` down to `cap_bytes` for the duration of the block."""
-    state = read_gpu(gpu_index)
-    if state is None:
-        raise UsageError("--gpu-memory-cap needs NVML to see the GPU (or use --simulate)")
+def hold(state: GpuState, cap_bytes: int, python: str = sys.executable) -> Iterator[Held]:
+    """Hold the GPU of `state` (NVML, idle) down to `cap_bytes` for the duration of the block."""
+    gpu_index = state.index
     leave = target_free(cap_bytes, state)
     # NVML numbers GPUs by PCI bus; CUDA does too only when told
     env = {**os.environ, "CUDA_DEVICE_ORDER": "PCI_BUS_ID", "CUDA_VISIBLE_DEVICES": str(gpu_index)}

@@ -48,12 +48,8 @@ def main() -> int:
     space = load_space(args.space)
     with memory_cap(space, args.gpu_memory_cap, None if args.simulate else read_gpu(0),
                     simulate=args.simulate is not None) as cap:
-        idle = cap.idle
         ctx = TrialContext(space=space, workload=load_workload(args.workload), model_dir=args.model,
-                           extra_env=cap.env, simulate=args.simulate, time_scale=50.0,
-                           gpu_index=idle.index if idle else None,
-                           gpu_baseline_bytes=idle.used_bytes if idle else 0,
-                           gpu_known_pids=idle.pids if idle else ())
+                           simulate=args.simulate, time_scale=50.0, **cap.trial_fields())
         return _compare(args, chosen, space, ctx)
 
 

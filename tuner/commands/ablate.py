@@ -13,8 +13,9 @@ from pathlib import Path
 
 from tuner import studyref
 from tuner.ablation import ABLATION_ATTR, ablate
+from tuner.adaptive import capacity_bytes
 from tuner.ballast import memory_cap
-from tuner.bounds import parse_size, resolve_space
+from tuner.bounds import resolve_space
 from tuner.commands.export import add_pick_args, pick_trial
 from tuner.errors import UsageError
 from tuner.gpu import read_gpu
@@ -58,36 +59,24 @@ def run(args: argparse.Namespace) -> int:
     workload = load_workload(shipped(args.workload))
     model = load_model_info(args.model)
     gpu = read_gpu(0) if not args.simulate else None
-    capacity = None
-    if args.gpu_memory_cap:
-        capacity = parse_size(args.gpu_memory_cap)
-    elif args.simulate:
-        from tuner.sim.profiles import get_profile
-        capacity = get_profile(args.simulate).memory_bytes
-    elif gpu is not None:
-        capacity = gpu.total_bytes
-    space = resolve_space(space, model, capacity, workload.cells)
+    space = resolve_space(space, model, capacity_bytes(args, gpu), workload.cells)
     names = [k.strip() for k in args.knobs.split(",")] if args.knobs else [p.name for p in space.parameters]
     unknown = [n for n in names if n not in {p.name for p in space.parameters}]
     if unknown:
         raise UsageError(f"--knobs: unknown knob(s) {', '.join(unknown)} in {space.path}")
     metrics = [o.metric for o in study_objectives(study)]
     with memory_cap(space, args.gpu_memory_cap, gpu, simulate=args.simulate is not None) as cap:
-        idle = cap.idle
         ctx = TrialContext(space=space, workload=workload, model_dir=args.model,
-                           simulate=args.simulate, time_scale=args.time_scale, extra_env=cap.env,
-                           gpu_index=idle.index if idle else None,
-                           gpu_baseline_bytes=idle.used_bytes if idle else 0,
-                           gpu_known_pids=idle.pids if idle else ())
+                           simulate=args.simulate, time_scale=args.time_scale, **cap.trial_fields())
         report = ablate(ctx, base, [space.param(n) for n in names], metrics, ref.folder / "ablation",
                         repeats=args.repeats, floor=args.floor, per_knob=args.per_knob,
                         log=lambda line: print(line, file=sys.stderr))
     print(f"noise over {args.repeats} base runs: " + ", ".join(
         f"{m} {report.noise[m]:.1%} (band {report.band[m]:.1%})" for m in metrics))
-    print(f"{'knob':28s} verdict")
-    for n in names:
-        print(f"{n:28s} {report.verdict(n)}")
     verdicts = {n: report.verdict(n) for n in names}
+    print(f"{'knob':28s} verdict")
+    for n, verdict in verdicts.items():
+        print(f"{n:28s} {verdict}")
     # kept with the study, so that `tuner export` can say which exported knobs did nothing
     study.set_user_attr(ABLATION_ATTR, {"base_trial": base_trial.number, "verdicts": verdicts,
                                         "band": report.band})

@@ -123,14 +123,10 @@ def _run(args: argparse.Namespace, stack: contextlib.ExitStack) -> int:
         print(f"--gpu-memory-cap {args.gpu_memory_cap}: a ballast process holds "
               f"{cap.held_bytes / 2**30:.1f} GiB of the GPU while trials run; servers find "
               f"{cap.free_bytes / 2**30:.1f} GiB free")
-    idle = cap.idle
     ctx = TrialContext(space=space, workload=workload, model_dir=args.model,
                        simulate=args.simulate, time_scale=args.time_scale,
                        stall_timeout_s=args.stall_timeout, startup_timeout_s=args.startup_timeout,
-                       gpu_index=gpu_index if idle is not None else None,
-                       gpu_baseline_bytes=idle.used_bytes if idle else 0,
-                       gpu_known_pids=idle.pids if idle else (), gpu_wait_s=args.gpu_wait,
-                       extra_env=cap.env)
+                       gpu_wait_s=args.gpu_wait, **cap.trial_fields())
     if args.simulate:
         gpu_desc = f"{args.simulate} (simulated)"
     else:
