@@ -45,7 +45,7 @@ from optuna.trial import TrialState
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from tuner.launch import port_is_free, processes_matching, stop_group  # noqa: E402
+from tuner.server.process import port_is_free, processes_matching, stop_group  # noqa: E402
 
 STUDY = "chaos"
 WORKLOAD = """\

@@ -1,6 +1,6 @@
 """How much search does the tuner save?  Ground truth from a grid, then tuner vs random vs grid.
 
-Setting (all simulated in-process, `tuner.simtrial.InProcessRunner`): Llama-3.1-8B on an
+Setting (all simulated in-process, `tuner.trial.inprocess.InProcessRunner`): Llama-3.1-8B on an
 RTX 4090 profile, the InfiniLM space of search_spaces/infinilm.yaml (bounds resolved for this
 card), and a subset of the seed's matrix (WORKLOAD below: 8 of its 30 cells, fewer prompts per
 cell so that one config simulates in well under a second).
@@ -51,21 +51,21 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from tuner.adaptive import warm_start  # noqa: E402
+from tuner.commands.tune_options import warm_start  # noqa: E402
 from tuner.bench.records import Cell  # noqa: E402
-from tuner.bounds import resolve_space  # noqa: E402
-from tuner.memory import knobs_from_params  # noqa: E402
-from tuner.modelinfo import load_model_info  # noqa: E402
-from tuner.objectives import parse_objectives  # noqa: E402
-from tuner.pipeline import AdaptivePipeline  # noqa: E402
+from tuner.search.bounds import resolve_space  # noqa: E402
+from tuner.trial.memory_estimate import knobs_from_params  # noqa: E402
+from tuner.search.model import load_model_info  # noqa: E402
+from tuner.search.objectives import parse_objectives  # noqa: E402
+from tuner.trial.pipeline import AdaptivePipeline  # noqa: E402
 from tuner.sim import SimCellResult, StartupFailure, simulate  # noqa: E402
 from tuner.sim.profiles import get_profile  # noqa: E402
-from tuner.simtrial import InProcessRunner  # noqa: E402
-from tuner.space import SearchSpace, load_space  # noqa: E402
-from tuner.staging import stress_order  # noqa: E402
-from tuner.study import TrialObjective, counted, make_sampler  # noqa: E402
-from tuner.trial import TrialContext  # noqa: E402
-from tuner.workload import Workload  # noqa: E402
+from tuner.trial.inprocess import InProcessRunner  # noqa: E402
+from tuner.search.space import SearchSpace, load_space  # noqa: E402
+from tuner.trial.stages import stress_order  # noqa: E402
+from tuner.study.objective import TrialObjective, counted, make_sampler  # noqa: E402
+from tuner.trial.run import TrialContext  # noqa: E402
+from tuner.search.workload import Workload  # noqa: E402
 
 OUT = ROOT / "benchmarks" / "out"
 MODEL = str(ROOT / "models" / "llama-3.1-8b")

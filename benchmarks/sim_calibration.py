@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 
 from tuner.bench.records import Cell
-from tuner.modelinfo import load_model_info
+from tuner.search.model import load_model_info
 from tuner.sim import StartupFailure, simulate
 from tuner.sim.memory import MemoryModel
 from tuner.sim.profiles import get_profile

@@ -4,10 +4,10 @@ from pathlib import Path
 
 import pytest
 
-from tuner.ablation import ablate, alternatives
-from tuner.outcome import Outcome
-from tuner.space import Param
-from tuner.trial import TrialResult
+from tuner.output.ablation import ablate, alternatives
+from tuner.server.outcome import Outcome
+from tuner.search.space import Param
+from tuner.trial.run import TrialResult
 
 LIVE = Param(name="live", type="int", low=1, high=64, flag="--live")
 DEAD = Param(name="dead", type="int", low=1, high=64, env="DEAD")

@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import pytest
 
-from tuner import ballast, gpu
+from tuner.server import memcap as ballast, gpu
 from tuner.cli import main
 from tuner.errors import UsageError
-from tuner.gpu import GpuState, wait_until_free
-from tuner.launch import processes_matching
+from tuner.server.gpu import GpuState, wait_until_free
+from tuner.server.process import processes_matching
 from tuner.paths import REPO_ROOT
-from tuner.space import load_space
+from tuner.search.space import load_space
 
 GIB = 2**30
 INFINILM = load_space(REPO_ROOT / "search_spaces" / "infinilm.yaml")
@@ -61,13 +61,13 @@ def test_free_memory_target_is_the_small_card_minus_what_the_idle_card_uses():
 
 
 def test_a_ballast_that_cannot_hold_the_card_is_reported_and_leaves_nothing():
-    """A real `python -m tuner.ballast` child on a machine where it cannot allocate (no CUDA
+    """A real `python -m tuner.server.memcap` child on a machine where it cannot allocate (no CUDA
     here, or a negative target): its reason reaches the user and its process is gone."""
     cap = 0 if _cuda_available() else 24 * GIB
     with pytest.raises(UsageError, match="ballast process could not hold the GPU: (no CUDA|--leave)"):
         with ballast.hold(H200, cap):
             pass
-    assert processes_matching("tuner.ballast") == []
+    assert processes_matching("tuner.server.memcap") == []
 
 
 def test_ballast_cli_refuses_a_negative_target(capsys):

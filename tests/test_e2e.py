@@ -13,10 +13,10 @@ import pytest
 
 from tuner.bench.records import Cell
 from tuner.cli import main
-from tuner.launch import port_is_free, processes_matching
-from tuner.space import load_space
-from tuner.trial import TrialContext, run_trial
-from tuner.workload import load_workload
+from tuner.server.process import port_is_free, processes_matching
+from tuner.search.space import load_space
+from tuner.trial.run import TrialContext, run_trial
+from tuner.search.workload import load_workload
 
 ROOT = Path(__file__).resolve().parents[1]
 MODEL = str(ROOT / "models" / "llama-3.1-8b")

@@ -1,7 +1,7 @@
 """best.env reads the same under docker --env-file, systemd EnvironmentFile= and bash `set -a; .`.
 
 The docker and systemd parsers below are written from their documented rules (docker run
---env-file reference; systemd.exec(5) EnvironmentFile=), not from tuner.envfile, so they check the
+--env-file reference; systemd.exec(5) EnvironmentFile=), not from tuner.output.envfile, so they check the
 writer independently.  bash is the real thing, run with an empty environment.
 """
 
@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from tests.fakestudy import make_study_dir, run_cli
-from tuner import envfile
+from tuner.output import envfile
 from tuner.errors import UsageError
 
 BASH_OWN = {"PWD", "SHLVL", "_", "OLDPWD"}

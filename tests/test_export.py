@@ -14,8 +14,8 @@ from optuna.distributions import CategoricalDistribution, IntDistribution
 from optuna.trial import create_trial
 
 from tests.fakestudy import make_study_dir, make_trial, run_cli
-from tuner import envfile
-from tuner.export import tuned_args
+from tuner.output import envfile
+from tuner.output.export import tuned_args
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 

@@ -6,7 +6,7 @@ import random
 import optuna
 from optuna.distributions import CategoricalDistribution, FloatDistribution
 
-from tuner.knobs import describe, knob_report
+from tuner.output.knob_check import describe, knob_report
 
 DISTS = {"live": FloatDistribution(1, 64), "dead": FloatDistribution(1, 64),
          "rare": CategoricalDistribution([False, True])}

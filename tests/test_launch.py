@@ -4,7 +4,7 @@ import os
 import sys
 import time
 
-from tuner.launch import ServerProcess, free_port, port_is_free, stop_group
+from tuner.server.process import ServerProcess, free_port, port_is_free, stop_group
 
 LISTEN_IGNORING_TERM = r"""
 import signal, socket, sys, time, subprocess

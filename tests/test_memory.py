@@ -5,11 +5,11 @@ from pathlib import Path
 import pytest
 
 from tuner.bench.records import Cell
-from tuner.bounds import parse_size, resolve_space
+from tuner.search.bounds import parse_size, resolve_space
 from tuner.errors import UsageError
-from tuner.memory import Knobs, act_bytes_per_token, cell_forward_bytes, estimate, knobs_from_params
-from tuner.modelinfo import load_model_info
-from tuner.space import load_space
+from tuner.trial.memory_estimate import Knobs, act_bytes_per_token, cell_forward_bytes, estimate, knobs_from_params
+from tuner.search.model import load_model_info
+from tuner.search.space import load_space
 
 ROOT = Path(__file__).resolve().parents[1]
 M8B = load_model_info(ROOT / "models" / "llama-3.1-8b")

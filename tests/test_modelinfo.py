@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 
 from tuner.errors import UsageError
-from tuner.modelinfo import load_model_info
+from tuner.search.model import load_model_info
 
 MODELS = Path(__file__).resolve().parent.parent / "models"
 

@@ -1,6 +1,6 @@
 """Outcome classification: the log proves an OOM; other signals say how a server failed."""
 
-from tuner.outcome import Evidence, classify
+from tuner.server.outcome import Evidence, classify
 
 PATTERNS = {
     "oom": ["cudaMalloc failed", "CUDA out of memory"],

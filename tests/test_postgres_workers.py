@@ -18,7 +18,7 @@ import optuna
 import pytest
 from optuna.trial import TrialState
 
-from tuner.launch import stop_group
+from tuner.server.process import stop_group
 from tuner.paths import REPO_ROOT
 
 PG = os.environ.get("TUNER_TEST_POSTGRES")

@@ -3,8 +3,8 @@
 import optuna
 from optuna.distributions import IntDistribution
 
-from tuner.memory import Estimate
-from tuner.prescreen import MEMORY_ATTR, calibrated_runtime, decide, estimate_attr
+from tuner.trial.memory_estimate import Estimate
+from tuner.trial.prescreen import MEMORY_ATTR, calibrated_runtime, decide, estimate_attr
 
 GIB = 2 ** 30
 CAP = 24 * GIB
@@ -55,7 +55,7 @@ def test_runtime_calibrated_from_idle_memory_per_graph_setting():
 
 
 def test_memory_constraint_is_graded_and_agrees_with_the_outcome():
-    from tuner.prescreen import memory_constraint
+    from tuner.trial.prescreen import memory_constraint
     assert memory_constraint(30 * GIB, CAP, "oom") == 0.25
     assert memory_constraint(20 * GIB, CAP, "oom") > 0            # the estimate was low: still > 0
     assert memory_constraint(20 * GIB, CAP, "ok") == -1 / 6

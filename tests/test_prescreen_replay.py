@@ -15,11 +15,11 @@ from pathlib import Path
 import optuna
 import pytest
 
-from tuner.memory import estimate, knobs_from_params
-from tuner.modelinfo import load_model_info
-from tuner.prescreen import decide
-from tuner.space import load_space
-from tuner.workload import load_workload
+from tuner.trial.memory_estimate import estimate, knobs_from_params
+from tuner.search.model import load_model_info
+from tuner.trial.prescreen import decide
+from tuner.search.space import load_space
+from tuner.search.workload import load_workload
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -9,8 +9,8 @@ import time
 import optuna
 from optuna.trial import TrialState
 
-from tuner.launch import ServerProcess, free_port, group_members
-from tuner.recovery import WORKER_ATTR, recover, stop_orphan_server
+from tuner.server.process import ServerProcess, free_port, group_members
+from tuner.study.recovery import WORKER_ATTR, recover, stop_orphan_server
 
 
 def _dead_pid() -> int:
@@ -69,12 +69,12 @@ def test_pid_reused_by_another_command_is_left_alone(tmp_path):
 def test_trial_that_no_worker_claimed_is_requeued_once_old(tmp_path, monkeypatch):
     """A worker killed between the storage creating its trial and recording itself leaves a
     RUNNING trial without a worker and maybe without a heartbeat: it must not hold the budget."""
-    import tuner.recovery
+    import tuner.study.recovery
 
     study = optuna.create_study(storage=f"sqlite:///{tmp_path}/s.db", directions=["maximize"])
     unclaimed = study.ask({"x": optuna.distributions.IntDistribution(0, 10)})
     assert recover(study, tmp_path / "trials") == []  # young: its worker may still be about to claim it
-    monkeypatch.setattr(tuner.recovery, "UNCLAIMED_AFTER_S", 0.0)
+    monkeypatch.setattr(tuner.study.recovery, "UNCLAIMED_AFTER_S", 0.0)
     assert recover(study, tmp_path / "trials") == [unclaimed.number]
     waiting = study.get_trials(states=(TrialState.WAITING,))
     assert len(waiting) == 1 and waiting[0].user_attrs["retry_of"] == unclaimed.number

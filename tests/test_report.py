@@ -13,8 +13,8 @@ import optuna
 import pytest
 
 from tests.fakestudy import make_study, make_study_dir, run_cli
-from tuner import report
-from tuner.select import choose
+from tuner.output import report
+from tuner.output.select import choose
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 CHROMIUM = "/usr/bin/chromium"

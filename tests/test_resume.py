@@ -8,7 +8,7 @@ from optuna.trial import TrialState
 
 from tuner.cli import main
 from tuner.paths import REPO_ROOT
-from tuner.study import open_storage, run_seed
+from tuner.study.objective import open_storage, run_seed
 
 WORKLOAD = """\
 name: tiny

@@ -9,8 +9,8 @@ import pytest
 
 from tests.fakestudy import DIRECTIONS, make_study, make_trial
 from tuner.errors import UsageError
-from tuner.select import choose, is_feasible, memory_headroom, pareto_front, repeat_spread, study_objectives
-from tuner.slospec import SloTerm, parse_slo
+from tuner.output.select import choose, is_feasible, memory_headroom, pareto_front, repeat_spread, study_objectives
+from tuner.output.slo import SloTerm, parse_slo
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 

@@ -10,7 +10,7 @@ import pytest
 
 from tuner.bench.records import Cell
 from tuner.errors import UsageError
-from tuner.modelinfo import load_model_info
+from tuner.search.model import load_model_info
 from tuner.sim import StartupFailure, simulate
 from tuner.sim.config import parse_config
 from tuner.sim.engine import Engine

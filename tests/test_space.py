@@ -6,7 +6,7 @@ import optuna
 import pytest
 
 from tuner.errors import UsageError
-from tuner.space import load_space
+from tuner.search.space import load_space
 
 ROOT = Path(__file__).resolve().parents[1]
 GOOD = """

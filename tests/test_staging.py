@@ -6,10 +6,10 @@ import optuna
 from optuna.distributions import IntDistribution
 
 from tuner.bench.records import Cell
-from tuner.memory import Knobs
-from tuner.modelinfo import load_model_info
-from tuner.objectives import parse_objectives
-from tuner.staging import MIN_FULL_TRIALS, dominates, screen_verdict, stress_order
+from tuner.trial.memory_estimate import Knobs
+from tuner.search.model import load_model_info
+from tuner.search.objectives import parse_objectives
+from tuner.trial.stages import MIN_FULL_TRIALS, dominates, screen_verdict, stress_order
 
 ROOT = Path(__file__).resolve().parents[1]
 M8B = load_model_info(ROOT / "models" / "llama-3.1-8b")

@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 from targets_data import FLAGS_DIR, SPACE_FLAG_FILES, SPACES_DIR, header, recorded
-from tuner.launchers.transformers_serve import CB_FIELDS, CB_PREFIX
+from tuner.server.launchers.transformers_serve import CB_FIELDS, CB_PREFIX
 
 SEED_ENV = {"INFINILM_PREFILL_BATCH_CAP", "INFINILM_DECODE_BATCH_CAP",
             "INFINILM_LONG_CONTEXT_THRESHOLD", "INFINILM_LONG_CONTEXT_MAX_BATCH",

@@ -1,4 +1,4 @@
-"""tuner.launchers.transformers_serve without a GPU or transformers: env parsing, the config patch."""
+"""tuner.server.launchers.transformers_serve without a GPU or transformers: env parsing, the config patch."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import dataclasses
 
 import pytest
 
-from tuner.launchers import transformers_serve as ts
+from tuner.server.launchers import transformers_serve as ts
 
 
 def test_cb_overrides_are_typed_and_only_from_the_prefix():

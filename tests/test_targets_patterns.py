@@ -12,8 +12,8 @@ import re
 import pytest
 
 from targets_data import SPACES_DIR
-from tuner.outcome import Evidence, classify
-from tuner.space import load_space
+from tuner.server.outcome import Evidence, classify
+from tuner.search.space import load_space
 
 CASES = [
     # space, log line, became_healthy, exit_code, expected outcome

@@ -14,9 +14,9 @@ import optuna
 import pytest
 
 from targets_data import SPACES_DIR
-from tuner.bounds import resolve_space
-from tuner.modelinfo import load_model_info
-from tuner.space import load_space
+from tuner.search.bounds import resolve_space
+from tuner.search.model import load_model_info
+from tuner.search.space import load_space
 
 KW = {"model": "/models/llama", "host": "127.0.0.1", "port": 8123, "max_output_len": 256}
 PY = sys.executable
@@ -60,7 +60,7 @@ def test_transformers_renders_exact_argv_and_launcher_env():
               "cb_max_memory_percent": 0.9, "cb_use_cuda_graph": True,
               "scheduler_type": "prefill_first", "max_requests_per_batch": 64}
     argv, env = _space("transformers").render(params, **KW)
-    assert argv == [PY, "-m", "tuner.launchers.transformers_serve", "serve", "/models/llama",
+    assert argv == [PY, "-m", "tuner.server.launchers.transformers_serve", "serve", "/models/llama",
                     "--continuous-batching", "--host", "127.0.0.1", "--port", "8123",
                     "--device", "cuda:0", "--dtype", "bfloat16",
                     "--cb-num-blocks", "2200", "--cb-block-size", "256", "--cb-max-batch-tokens", "4096",

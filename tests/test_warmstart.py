@@ -6,17 +6,17 @@ import optuna
 import pytest
 
 from tuner.bench.records import Cell
-from tuner.bounds import parse_size, resolve_space
+from tuner.search.bounds import parse_size, resolve_space
 from tuner.errors import UsageError
-from tuner.modelinfo import load_model_info
-from tuner.objectives import parse_objectives
-from tuner.pipeline import AdaptivePipeline
-from tuner.simtrial import InProcessRunner
-from tuner.space import load_space
-from tuner.study import TrialObjective
-from tuner.trial import TrialContext
-from tuner.warmstart import clip_to_space, enqueue, load_seed_config, pareto_configs
-from tuner.workload import Workload
+from tuner.search.model import load_model_info
+from tuner.search.objectives import parse_objectives
+from tuner.trial.pipeline import AdaptivePipeline
+from tuner.trial.inprocess import InProcessRunner
+from tuner.search.space import load_space
+from tuner.study.objective import TrialObjective
+from tuner.trial.run import TrialContext
+from tuner.search.warmstart import clip_to_space, enqueue, load_seed_config, pareto_configs
+from tuner.search.workload import Workload
 
 ROOT = Path(__file__).resolve().parents[1]
 MODEL = str(ROOT / "models" / "llama-3.1-8b")

@@ -4,7 +4,7 @@ import pytest
 
 from tuner.bench.records import Cell, Warmup
 from tuner.errors import UsageError
-from tuner.workload import load_workload
+from tuner.search.workload import load_workload
 
 GOOD = """
 name: quick

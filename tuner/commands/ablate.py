@@ -11,20 +11,20 @@ import json
 import sys
 from pathlib import Path
 
-from tuner import studyref
-from tuner.ablation import ABLATION_ATTR, ablate
-from tuner.adaptive import capacity_bytes
-from tuner.ballast import memory_cap
-from tuner.bounds import resolve_space
+from tuner.study import storage as studyref
+from tuner.output.ablation import ABLATION_ATTR, ablate
+from tuner.commands.tune_options import capacity_bytes
+from tuner.server.memcap import memory_cap
+from tuner.search.bounds import resolve_space
 from tuner.commands.export import add_pick_args, pick_trial
 from tuner.errors import UsageError
-from tuner.gpu import read_gpu
-from tuner.modelinfo import load_model_info
+from tuner.server.gpu import read_gpu
+from tuner.search.model import load_model_info
 from tuner.paths import shipped
-from tuner.select import study_objectives
-from tuner.space import load_space
-from tuner.trial import TrialContext
-from tuner.workload import load_workload
+from tuner.output.select import study_objectives
+from tuner.search.space import load_space
+from tuner.trial.run import TrialContext
+from tuner.search.workload import load_workload
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:

@@ -19,7 +19,7 @@ from tuner.bench.records import Cell
 from tuner.bench.report import format_table, write_results
 from tuner.bench.runner import CellResult, run_cells
 from tuner.errors import UsageError
-from tuner.workload import DEFAULT_WARMUP, Workload, load_workload
+from tuner.search.workload import DEFAULT_WARMUP, Workload, load_workload
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:

@@ -8,10 +8,12 @@ from pathlib import Path
 
 import optuna
 
-from tuner import envfile, export, studyref
+from tuner.output import envfile, export
+
+from tuner.study import storage as studyref
 from tuner.errors import UsageError
-from tuner.select import PICKS, Choice, choose, is_feasible, pareto_front, study_objectives
-from tuner.slospec import parse_slo
+from tuner.output.select import PICKS, Choice, choose, is_feasible, pareto_front, study_objectives
+from tuner.output.slo import parse_slo
 
 SLO_HELP = """\
 --slo syntax: comma-separated terms [cell:c<C>_i<I>_o<O>:]METRIC OP NUMBER [UNIT]

@@ -13,11 +13,13 @@ from typing import Any
 
 import optuna
 
-from tuner import report, studyref
+from tuner.output import report
+
+from tuner.study import storage as studyref
 from tuner.commands.export import SLO_HELP, add_pick_args, pick_trial
 from tuner.errors import UsageError
-from tuner.knobs import describe, knob_report
-from tuner.select import Choice, is_feasible, is_measured, outcome, pareto_front, study_objectives
+from tuner.output.knob_check import describe, knob_report
+from tuner.output.select import Choice, is_feasible, is_measured, outcome, pareto_front, study_objectives
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:

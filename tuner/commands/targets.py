@@ -15,7 +15,7 @@ from typing import Any
 
 from tuner.errors import UsageError
 from tuner.paths import shipped
-from tuner.space import Param, SearchSpace, load_space
+from tuner.search.space import Param, SearchSpace, load_space
 
 DEFAULT_DIR = "search_spaces"
 

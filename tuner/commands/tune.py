@@ -18,26 +18,28 @@ import optuna
 from optuna.trial import TrialState
 from tqdm import tqdm
 
-from tuner import envfile, export, preflight
-from tuner.adaptive import add_adaptive_args, capacity_bytes, check_adaptive_args, warm_start
-from tuner.ballast import CapSetup, memory_cap
-from tuner.bounds import resolve_space, resolved_bounds
-from tuner.budget import finished, run_to_budget
+from tuner.output import envfile, export
+
+from tuner.server import preflight
+from tuner.commands.tune_options import add_adaptive_args, capacity_bytes, check_adaptive_args, warm_start
+from tuner.server.memcap import CapSetup, memory_cap
+from tuner.search.bounds import resolve_space, resolved_bounds
+from tuner.study.budget import finished, run_to_budget
 from tuner.errors import UsageError
-from tuner.gpu import read_gpu
-from tuner.knobs import describe, knob_report
-from tuner.objectives import DEFAULT_OBJECTIVES, check_metric, parse_objectives
+from tuner.server.gpu import read_gpu
+from tuner.output.knob_check import describe, knob_report
+from tuner.search.objectives import DEFAULT_OBJECTIVES, check_metric, parse_objectives
 from tuner.paths import shipped
-from tuner.modelinfo import load_model_info
-from tuner.pipeline import AdaptivePipeline
-from tuner.space import load_space
-from tuner.report import store_in_dashboard, write_report
-from tuner.select import choose
-from tuner.study import (SAMPLERS, TrialObjective, create_or_load, make_sampler, open_storage,
+from tuner.search.model import load_model_info
+from tuner.trial.pipeline import AdaptivePipeline
+from tuner.search.space import load_space
+from tuner.output.report import store_in_dashboard, write_report
+from tuner.output.select import choose
+from tuner.study.objective import (SAMPLERS, TrialObjective, create_or_load, make_sampler, open_storage,
                          run_seed, storage_url)
-from tuner.trial import TrialContext
-from tuner.workers import parse_gpus, run_workers
-from tuner.workload import load_workload
+from tuner.trial.run import TrialContext
+from tuner.study.workers import parse_gpus, run_workers
+from tuner.search.workload import load_workload
 
 DEFAULT_TIME_SCALE = 25.0
 

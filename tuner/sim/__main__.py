@@ -12,7 +12,7 @@ import sys
 import time
 
 from tuner.errors import UsageError
-from tuner.modelinfo import load_model_info
+from tuner.search.model import load_model_info
 from tuner.sim.config import parse_config
 from tuner.sim.engine import Engine, StartupFailure
 from tuner.sim.profiles import get_profile

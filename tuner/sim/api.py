@@ -16,7 +16,7 @@ import numpy as np
 
 from tuner.bench.metrics import cell_metrics
 from tuner.bench.records import Cell, CellResult, RequestRecord
-from tuner.modelinfo import load_model_info
+from tuner.search.model import load_model_info
 from tuner.sim.config import parse_config
 from tuner.sim.engine import Engine, SimRequest
 from tuner.sim.profiles import get_profile

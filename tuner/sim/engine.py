@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from tuner.modelinfo import ModelInfo
+from tuner.search.model import ModelInfo
 from tuner.sim.config import SimConfig
 from tuner.sim.memory import MemoryModel
 from tuner.sim.profiles import GpuProfile

@@ -31,7 +31,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from tuner.modelinfo import ModelInfo
+from tuner.search.model import ModelInfo
 from tuner.sim.profiles import MIB, GpuProfile
 
 RUNTIME_BASE_MIB = 3686

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from tuner.modelinfo import ModelInfo
+from tuner.search.model import ModelInfo
 from tuner.sim.profiles import GpuProfile
 
 

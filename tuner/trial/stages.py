@@ -34,10 +34,10 @@ from typing import Any
 from optuna.trial import FrozenTrial, TrialState
 
 from tuner.bench.records import Cell
-from tuner.memory import Knobs, cell_forward_bytes
-from tuner.modelinfo import ModelInfo
-from tuner.objectives import Objective
-from tuner.trial import aggregate
+from tuner.trial.memory_estimate import Knobs, cell_forward_bytes
+from tuner.search.model import ModelInfo
+from tuner.search.objectives import Objective
+from tuner.trial.run import aggregate
 
 MIN_FULL_TRIALS = 3     # fully-run feasible trials needed before anything is screened out
 RATIO_SLACK = 0.05      # widen the most favourable observed ratio by this much

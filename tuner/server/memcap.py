@@ -8,7 +8,7 @@ and sleeps; every server then sees the small card's free memory, and its cudaMal
 it would fail there.  The ballast lives in its own process group, dies with the tuner
 (PR_SET_PDEATHSIG), and is stopped on every exit path.
 
-Run as `python -m tuner.ballast --gpu N --leave BYTES`: allocates until the device's free memory
+Run as `python -m tuner.server.memcap --gpu N --leave BYTES`: allocates until the device's free memory
 is at most BYTES, prints `ready HELD_BYTES FREE_BYTES` and sleeps until it is killed.
 """
 
@@ -26,11 +26,11 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
-from tuner.bounds import parse_size
+from tuner.search.bounds import parse_size
 from tuner.errors import UsageError
-from tuner.gpu import GpuState, read_gpu
-from tuner.launch import die_with_parent, stop_group
-from tuner.space import SearchSpace
+from tuner.server.gpu import GpuState, read_gpu
+from tuner.server.process import die_with_parent, stop_group
+from tuner.search.space import SearchSpace
 
 CHUNK_BYTES = 1 << 30
 MIN_CHUNK_BYTES = 16 << 20
@@ -100,7 +100,7 @@ def hold(state: GpuState, cap_bytes: int, python: str = sys.executable) -> Itera
     leave = target_free(cap_bytes, state)
     # NVML numbers GPUs by PCI bus; CUDA does too only when told
     env = {**os.environ, "CUDA_DEVICE_ORDER": "PCI_BUS_ID", "CUDA_VISIBLE_DEVICES": str(gpu_index)}
-    proc = subprocess.Popen([python, "-m", "tuner.ballast", "--gpu", "0", "--leave", str(leave)],
+    proc = subprocess.Popen([python, "-m", "tuner.server.memcap", "--gpu", "0", "--leave", str(leave)],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env,
                             start_new_session=True, preexec_fn=die_with_parent())
     try:
@@ -153,7 +153,7 @@ def _fill(leave: int) -> list[Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m tuner.ballast", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m tuner.server.memcap", description=__doc__.split("\n\n")[0])
     p.add_argument("--gpu", type=int, default=0, help="CUDA device index (default: %(default)s)")
     p.add_argument("--leave", type=int, required=True, help="bytes of free memory to leave")
     args = p.parse_args(argv)

@@ -19,14 +19,14 @@ from optuna.trial import TrialState
 
 from tuner import __version__
 from tuner.errors import UsageError
-from tuner.grid import grid_space
-from tuner.objectives import Objective, slo_violations
-from tuner.recovery import WORKER_ATTR, worker_id
-from tuner.space import SearchSpace
-from tuner.trial import TrialContext, TrialResult, run_trial
+from tuner.search.grid import grid_space
+from tuner.search.objectives import Objective, slo_violations
+from tuner.study.recovery import WORKER_ATTR, worker_id
+from tuner.search.space import SearchSpace
+from tuner.trial.run import TrialContext, TrialResult, run_trial
 
 if TYPE_CHECKING:
-    from tuner.pipeline import AdaptivePipeline
+    from tuner.trial.pipeline import AdaptivePipeline
 
 SAMPLERS = ("auto", "gp", "tpe", "nsga2", "random", "grid")
 

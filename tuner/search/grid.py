@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from tuner.space import Param, SearchSpace
+from tuner.search.space import Param, SearchSpace
 
 DEFAULT_POINTS = 3
 

@@ -12,7 +12,7 @@ import subprocess
 import sys
 
 from tuner.errors import UsageError
-from tuner.launch import die_with_parent, stop_group
+from tuner.server.process import die_with_parent, stop_group
 
 
 def parse_gpus(text: str) -> list[int]:

@@ -17,10 +17,10 @@ from typing import Any
 import optuna
 import yaml
 
-from tuner import envfile
+from tuner.output import envfile
 from tuner.errors import UsageError
-from tuner.select import is_feasible, pareto_front, study_objectives
-from tuner.space import SearchSpace
+from tuner.output.select import is_feasible, pareto_front, study_objectives
+from tuner.search.space import SearchSpace
 
 
 def clip_to_space(space: SearchSpace, params: dict[str, Any]) -> dict[str, Any]:

@@ -18,8 +18,8 @@ import plotly.graph_objects as go
 import plotly.io as pio
 import plotly.offline
 
-from tuner import envfile, figures
-from tuner.select import Choice, outcome, study_objectives
+from tuner.output import envfile, figures
+from tuner.output.select import Choice, outcome, study_objectives
 
 _ONERROR = """<script>
 (function(){function rec(msg){var b=document.body;var e=JSON.parse(b.dataset.jsErrors||"[]");

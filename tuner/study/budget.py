@@ -16,8 +16,8 @@ from pathlib import Path
 import optuna
 from optuna.trial import TrialState
 
-from tuner.recovery import recover
-from tuner.study import counted
+from tuner.study.recovery import recover
+from tuner.study.objective import counted
 
 POLL_S = 2.0
 

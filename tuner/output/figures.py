@@ -19,8 +19,8 @@ from optuna.importance import PedAnovaImportanceEvaluator
 from optuna.trial import FrozenTrial, TrialState
 from plotly.subplots import make_subplots
 
-from tuner.select import Objective, is_measured, outcome
-from tuner.slospec import cell_id
+from tuner.output.select import Objective, is_measured, outcome
+from tuner.output.slo import cell_id
 
 OUTCOME_COLORS = {"ok": "#2ca02c", "slo": "#bcbd22", "oom": "#d62728",
                   "crash": "#000000", "unhealthy": "#ff7f0e", "hang": "#9467bd", "startup": "#8c564b",

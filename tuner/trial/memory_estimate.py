@@ -2,8 +2,8 @@
 
 Why: an OOM found late costs a server start plus every cell run before it.  A config whose
 memory need is hopeless can be told to the sampler as infeasible without a launch
-(`tuner.prescreen`).  This estimate never calls the simulator's memory model: on a real GPU there
-is none.  It is deliberately simple and errs low; `tuner.prescreen` calibrates it online from
+(`tuner.trial.prescreen`).  This estimate never calls the simulator's memory model: on a real GPU there
+is none.  It is deliberately simple and errs low; `tuner.trial.prescreen` calibrates it online from
 the study's own OOMs and healthy runs (and from the measured idle memory when one is known).
 
     need = weights + KV pool + runtime overhead + largest forward of the workload
@@ -33,8 +33,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from tuner.bench.records import Cell
-from tuner.modelinfo import ModelInfo
-from tuner.space import SearchSpace
+from tuner.search.model import ModelInfo
+from tuner.search.space import SearchSpace
 
 GIB = 1 << 30
 RUNTIME_PRIOR_BYTES = 2 * GIB

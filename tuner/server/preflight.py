@@ -13,9 +13,9 @@ import shutil
 from pathlib import Path
 
 from tuner.errors import UsageError
-from tuner.launch import free_port
-from tuner.modelinfo import load_model_info
-from tuner.trial import HOST, TrialContext
+from tuner.server.process import free_port
+from tuner.search.model import load_model_info
+from tuner.trial.run import HOST, TrialContext
 
 
 def check_model(path: str, simulate: bool) -> None:

@@ -1,7 +1,7 @@
 """Memory pre-screen: record hopeless configs as infeasible without launching a server.
 
 Why: an OOM costs a server start (a minute for an 8B model) plus the cells before it.  The
-estimate (`tuner.memory`) is rough, so the decision is calibrated on the study's own evidence:
+estimate (`tuner.trial.memory_estimate`) is rough, so the decision is calibrated on the study's own evidence:
 
 * runtime overhead: once a server was seen idle (`idle_bytes`: NVML on a real card, the
   simulator's figure in simulation), the measured idle - weights - pool replaces the prior,
@@ -32,7 +32,7 @@ from typing import Any
 
 from optuna.trial import FrozenTrial, TrialState
 
-from tuner.memory import Estimate, runtime_prior
+from tuner.trial.memory_estimate import Estimate, runtime_prior
 
 PRIOR_MARGIN = 0.10
 OOM_MARGIN = 0.03   # the estimate's error between two configs of one mechanism (benchmark: <= ~3%)

@@ -11,12 +11,12 @@ from pathlib import Path
 
 import optuna
 
-from tuner.bounds import parse_size
+from tuner.search.bounds import parse_size
 from tuner.errors import UsageError
-from tuner.gpu import GpuState
+from tuner.server.gpu import GpuState
 from tuner.sim.profiles import get_profile
-from tuner.space import SearchSpace
-from tuner.warmstart import clip_to_space, enqueue, load_seed_config, pareto_configs
+from tuner.search.space import SearchSpace
+from tuner.search.warmstart import clip_to_space, enqueue, load_seed_config, pareto_configs
 
 
 def add_adaptive_args(p: argparse.ArgumentParser) -> None:

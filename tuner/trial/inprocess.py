@@ -3,7 +3,7 @@
 Why: benchmarks and tests need thousands of trials through the same objective, constraint,
 pre-screen and staging code as `tuner tune`, and a server launch per trial (even a simulated
 one over HTTP) costs seconds of wall time.  `InProcessRunner` has `run_trial`'s signature and
-returns the same `TrialResult`, classified by the same `tuner.outcome.classify` from the same
+returns the same `TrialResult`, classified by the same `tuner.server.outcome.classify` from the same
 log lines, so everything downstream cannot tell the difference.  It also reports what a real
 GPU run would cost: `sim_seconds` (simulated time of the cells it ran).
 """
@@ -18,9 +18,9 @@ from typing import Any
 
 from tuner.bench.records import Cell
 from tuner.bench.runner import CellResult
-from tuner.outcome import Evidence, classify
+from tuner.server.outcome import Evidence, classify
 from tuner.sim import SimCellResult, StartupFailure, simulate
-from tuner.trial import HOST, KeepGoing, TrialContext, TrialResult, _cell_row, aggregate
+from tuner.trial.run import HOST, KeepGoing, TrialContext, TrialResult, _cell_row, aggregate
 
 SimulateFn = Callable[..., list[SimCellResult]]  # tuner.sim.simulate's signature
 

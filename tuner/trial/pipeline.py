@@ -4,8 +4,8 @@ Why a module of its own: `TrialObjective` (tuner/study.py) owns the Optuna side 
 duplicates, `record`); this owns what happens to one config between "the sampler proposed it"
 and "here is its TrialResult", so either side can change without the other.
 
-The runner is pluggable (`Runner`): `tuner.trial.run_trial` launches a real or simulated server;
-`tuner.simtrial.run_in_process` drives the simulator in-process (benchmarks, tests).  Both take
+The runner is pluggable (`Runner`): `tuner.trial.run.run_trial` launches a real or simulated server;
+`tuner.trial.inprocess.run_in_process` drives the simulator in-process (benchmarks, tests).  Both take
 the cells in the order given and honour `keep_going`.
 """
 
@@ -22,14 +22,14 @@ from optuna.trial import FrozenTrial, TrialState
 
 from tuner.bench.records import Cell
 from tuner.bench.runner import CellResult
-from tuner.memory import estimate, knobs_from_params
-from tuner.modelinfo import ModelInfo
-from tuner.objectives import Objective
-from tuner.outcome import Outcome
-from tuner.prescreen import (MEMORY_ATTR, calibrated_runtime, decide, estimate_attr,
+from tuner.trial.memory_estimate import estimate, knobs_from_params
+from tuner.search.model import ModelInfo
+from tuner.search.objectives import Objective
+from tuner.server.outcome import Outcome
+from tuner.trial.prescreen import (MEMORY_ATTR, calibrated_runtime, decide, estimate_attr,
                              memory_constraint)
-from tuner.staging import metrics_of_rows, on_front, screen_verdict, stress_order
-from tuner.trial import HOST, KeepGoing, TrialContext, TrialResult, run_trial
+from tuner.trial.stages import metrics_of_rows, on_front, screen_verdict, stress_order
+from tuner.trial.run import HOST, KeepGoing, TrialContext, TrialResult, run_trial
 
 Runner = Callable[..., TrialResult]  # (ctx, params, trial_dir, cells=..., keep_going=...)
 

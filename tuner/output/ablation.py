@@ -1,7 +1,7 @@
 """One knob at a time around a chosen config: which knobs does the server actually read?
 
 The study's own trials change many knobs at once, so with a dozen trials the fANOVA check
-(tuner.knobs) cannot tell a dead knob from a weak one.  An ablation can: the chosen config is run
+(tuner.output.knob_check) cannot tell a dead knob from a weak one.  An ablation can: the chosen config is run
 `repeats` times to measure the run-to-run noise, then once per variant that changes a single knob
 to another value of its range.  A knob whose every variant runs healthy and moves no objective
 metric by more than the noise band (at least `floor`) had no effect: the server likely ignores it
@@ -18,8 +18,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tuner.space import Param
-from tuner.trial import TrialContext, TrialResult, run_trial
+from tuner.search.space import Param
+from tuner.trial.run import TrialContext, TrialResult, run_trial
 
 Runner = Callable[[TrialContext, dict[str, Any], Path], TrialResult]
 ABLATION_ATTR = "ablation"   # study user_attr: {"base_trial", "verdicts": {knob: verdict}, "band"}

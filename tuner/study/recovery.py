@@ -21,7 +21,7 @@ import optuna
 from optuna.exceptions import UpdateFinishedTrialError
 from optuna.trial import TrialState
 
-from tuner.launch import MARK_ENV, group_members, pid_alive, stop_group
+from tuner.server.process import MARK_ENV, group_members, pid_alive, stop_group
 
 WORKER_ATTR = "worker"
 UNCLAIMED_AFTER_S = 60.0

@@ -18,10 +18,10 @@ import yaml
 from optuna.trial import FrozenTrial
 
 import tuner
-from tuner import envfile
-from tuner.ablation import ABLATION_ATTR, NO_EFFECT
+from tuner.output import envfile
+from tuner.output.ablation import ABLATION_ATTR, NO_EFFECT
 from tuner.errors import UsageError
-from tuner.select import Choice, study_objectives
+from tuner.output.select import Choice, study_objectives
 
 FORMATS = ("env", "json", "yaml")
 # metrics worth a header line; json/yaml carry them all

@@ -28,7 +28,7 @@ import optuna
 from optuna.trial import FrozenTrial, TrialState
 
 from tuner.errors import UsageError
-from tuner.slospec import SloTerm, check_known, term_value, total_violation
+from tuner.output.slo import SloTerm, check_known, term_value, total_violation
 
 PICKS = ("knee", "max-throughput", "min-ttft", "min-tpot", "slo")
 PICK_METRICS = {"max-throughput": ("output_throughput", True), "min-ttft": ("p99_ttft_ms", False),

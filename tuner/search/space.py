@@ -24,7 +24,7 @@ PARAM_TYPES = ("int", "float", "categorical", "bool")
 FAILURE_CLASSES = ("oom", "startup", "unhealthy", "crash")
 _PARAM_KEYS = {"type", "low", "high", "step", "log", "choices", "flag", "env", "default",
                "true_value", "false_value", "help", "role", "divide_by"}
-AUTO = "auto"  # `high: auto`: the bound is computed from the model and GPU (tuner.bounds)
+AUTO = "auto"  # `high: auto`: the bound is computed from the model and GPU (tuner.search.bounds)
 _TOP_KEYS = {"name", "description", "server", "fixed_flags", "fixed_env", "parameters",
              "failure_patterns"}
 _SERVER_KEYS = {"command", "simulator", "health_path", "startup_timeout_s", "api",
@@ -48,14 +48,14 @@ class Param:
     true_value: str = "1"
     false_value: str = "0"
     help: str = ""
-    role: str | None = None        # what the knob means to the memory model (tuner.memory.ROLES)
+    role: str | None = None        # what the knob means to the memory model (tuner.trial.memory_estimate.ROLES)
     divide_by: str | None = None   # rendered as value // params[divide_by] (tokens -> blocks)
     high_auto: bool = False        # `high: auto` in the YAML; `high` is None until resolved
 
     def distribution(self) -> optuna.distributions.BaseDistribution:
         if self.high is None and self.type in ("int", "float"):
             raise UsageError(f"parameter {self.name}: 'high: auto' is not resolved yet "
-                             "(tuner.bounds.resolve_space needs the model and GPU memory)")
+                             "(tuner.search.bounds.resolve_space needs the model and GPU memory)")
         if self.type == "int":
             return optuna.distributions.IntDistribution(
                 int(self.low), int(self.high), log=self.log, step=int(self.step or 1))

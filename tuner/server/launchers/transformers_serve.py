@@ -1,4 +1,4 @@
-"""`python -m tuner.launchers.transformers_serve serve MODEL ...`: `transformers serve` plus two
+"""`python -m tuner.server.launchers.transformers_serve serve MODEL ...`: `transformers serve` plus two
 things its command line lacks.
 
 - A GPU memory cap, `TUNER_GPU_MEMORY_CAP_GIB`: to tune for a 24 GiB card on a 141 GiB one the
@@ -153,7 +153,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             install_cb_overrides(ContinuousBatchingConfig, overrides)
             print(f"[tuner launcher] ContinuousBatchingConfig overrides: {overrides}", flush=True)
     except LauncherError as exc:
-        print(f"tuner.launchers.transformers_serve: error: {exc}", file=sys.stderr)
+        print(f"tuner.server.launchers.transformers_serve: error: {exc}", file=sys.stderr)
         return 2
     from transformers.cli.transformers import main as transformers_main
 

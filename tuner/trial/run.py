@@ -15,11 +15,11 @@ from typing import Any
 
 from tuner.bench.records import Cell
 from tuner.bench.runner import CellResult, run_cells
-from tuner.gpu import read_gpu, wait_until_free
-from tuner.launch import ServerProcess, free_port
-from tuner.outcome import Evidence, Outcome, classify
-from tuner.space import SearchSpace
-from tuner.workload import Workload
+from tuner.server.gpu import read_gpu, wait_until_free
+from tuner.server.process import ServerProcess, free_port
+from tuner.server.outcome import Evidence, Outcome, classify
+from tuner.search.space import SearchSpace
+from tuner.search.workload import Workload
 
 HOST = "127.0.0.1"
 KeepGoing = Callable[[list[CellResult]], bool]

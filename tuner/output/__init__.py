@@ -1,0 +1,1 @@
+"""What a study gives back: selection, SLOs, export, report, knob checks."""

@@ -1,0 +1,1 @@
+"""What to search: the space, its bounds, the model, the workload, objectives."""

@@ -1,0 +1,1 @@
+"""The server under test: its process, memory cap, GPU, outcome classes."""

@@ -1,0 +1,1 @@
+"""The Optuna study: sampler, storage, objective, trial record, budget, workers."""

@@ -1,0 +1,1 @@
+"""One config end to end: pre-screen, memory estimate, staged run, runners."""
