@@ -54,7 +54,7 @@ sys.path.insert(0, str(ROOT))
 from tuner.commands.tune_options import warm_start  # noqa: E402
 from tuner.bench.records import Cell  # noqa: E402
 from tuner.search.bounds import resolve_space  # noqa: E402
-from tuner.trial.memory_estimate import knobs_from_params  # noqa: E402
+from tuner.trial.memory_estimate import estimate, knobs_from_params  # noqa: E402
 from tuner.search.model import load_model_info  # noqa: E402
 from tuner.search.objectives import parse_objectives  # noqa: E402
 from tuner.trial.pipeline import AdaptivePipeline  # noqa: E402
@@ -63,8 +63,9 @@ from tuner.sim.profiles import get_profile  # noqa: E402
 from tuner.trial.inprocess import InProcessRunner  # noqa: E402
 from tuner.search.space import SearchSpace, load_space  # noqa: E402
 from tuner.trial.stages import stress_order  # noqa: E402
-from tuner.study.objective import TrialObjective, counted, make_sampler  # noqa: E402
-from tuner.trial.run import TrialContext  # noqa: E402
+from tuner.study.objective import TrialObjective, counted  # noqa: E402
+from tuner.study.sampler import make_sampler  # noqa: E402
+from tuner.trial.context import TrialContext  # noqa: E402
 from tuner.search.workload import Workload  # noqa: E402
 
 OUT = ROOT / "benchmarks" / "out"
@@ -142,13 +143,15 @@ def context(space: SearchSpace) -> TrialContext:
 def truth(space: SearchSpace, params: dict[str, Any]) -> dict[str, Any]:
     """What running the config on the full matrix (stress-first, stop at failure) gives."""
     ctx = context(space)
-    cells = stress_order(WORKLOAD.cells, load_model_info(MODEL), knobs_from_params(space, params))
+    cells = stress_order(WORKLOAD.cells, estimate(load_model_info(MODEL),
+                                                  knobs_from_params(space, params),
+                                                  list(WORKLOAD.cells)))
     res = InProcessRunner(GPU, simulate_fn=cached_simulate)(ctx, params, Path("/nonexistent"), cells=cells)
     meets = all(res.metrics.get(m, math.inf) <= v for m, v in SLO.items())
     ok = res.outcome.kind == "ok"
     return {"outcome": res.outcome.kind, "good": ok and meets,
             "throughput": res.metrics.get("output_throughput", 0.0) if ok and meets else 0.0,
-            "cost": LAUNCH_S + res.extra.get("sim_seconds", 0.0)}
+            "cost": LAUNCH_S + (res.sim_seconds or 0.0)}
 
 
 # ----- workers ----------------------------------------------------------------------------
@@ -180,7 +183,7 @@ def run_study(method: str, seed: int, budget: int, space_name: str = "tokens") -
     if method == "grid":
         sampler = optuna.samplers.GridSampler(GRID, seed=seed)
     else:
-        sampler = make_sampler(method, seed, budget, space)
+        sampler = make_sampler(method, seed, budget)
     study = optuna.create_study(directions=["maximize"], sampler=sampler)
     if adaptive:
         warm_start(study, space, argparse.Namespace(no_defaults=False, seed_config=None,

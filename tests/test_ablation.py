@@ -7,7 +7,7 @@ import pytest
 from tuner.output.ablation import ablate, alternatives
 from tuner.server.outcome import Outcome
 from tuner.search.space import Param
-from tuner.trial.run import TrialResult
+from tuner.trial.result import TrialResult
 
 LIVE = Param(name="live", type="int", low=1, high=64, flag="--live")
 DEAD = Param(name="dead", type="int", low=1, high=64, env="DEAD")

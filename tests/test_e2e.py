@@ -15,7 +15,8 @@ from tuner.bench.records import Cell
 from tuner.cli import main
 from tuner.server.process import port_is_free, processes_matching
 from tuner.search.space import load_space
-from tuner.trial.run import TrialContext, run_trial
+from tuner.trial.context import TrialContext
+from tuner.trial.run import run_trial
 from tuner.search.workload import load_workload
 
 ROOT = Path(__file__).resolve().parents[1]

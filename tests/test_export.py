@@ -14,6 +14,7 @@ from optuna.distributions import CategoricalDistribution, IntDistribution
 from optuna.trial import create_trial
 
 from tests.fakestudy import make_study_dir, make_trial, run_cli
+from tuner.study.record import TrialRecord
 from tuner.output import envfile
 from tuner.output.export import tuned_args
 
@@ -136,7 +137,7 @@ def test_study_without_flag_params_is_refused(tmp_path, capsys):
     study = make_study_dir(tmp_path / "studies")
     study.set_user_attr("flag_params", None)
     assert run_cli(["export", "--studies-dir", str(tmp_path / "studies")]) == 2
-    assert "no user_attr flag_params" in capsys.readouterr().err
+    assert "does not record which flags and variables are tuned" in capsys.readouterr().err
 
 
 def test_flag_tokens_follow_the_rendered_argv():
@@ -146,7 +147,7 @@ def test_flag_tokens_follow_the_rendered_argv():
                        "eager": CategoricalDistribution([False, True]), "size": IntDistribution(1, 100)},
         user_attrs={"argv": ["srv", "--tp", "1", "--graph", "--blocks=64", "--size", "16"]})
     flags = {"blocks": "--blocks", "graph": "--graph", "eager": "--eager", "size": "--size"}
-    assert tuned_args(trial, flags) == ["--graph", "--blocks=64", "--size", "16"]
+    assert tuned_args(TrialRecord.of(trial), flags) == ["--graph", "--blocks=64", "--size", "16"]
 
 
 def test_knobs_ablate_found_dead_are_named_in_the_header(studies):

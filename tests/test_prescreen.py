@@ -1,10 +1,10 @@
 """Pre-screen: skip only the hopeless, learn the bar from OOMs, never skip below a healthy run."""
 
-import optuna
-from optuna.distributions import IntDistribution
+from optuna.trial import TrialState
 
+from tuner.study.record import TrialRecord
 from tuner.trial.memory_estimate import Estimate
-from tuner.trial.prescreen import MEMORY_ATTR, calibrated_runtime, decide, estimate_attr
+from tuner.trial.prescreen import calibrated_runtime, decide, estimate_attr
 
 GIB = 2 ** 30
 CAP = 24 * GIB
@@ -16,11 +16,9 @@ def _est(pool_gib: float, runtime_gib: float = 2.0, forward_gib: float = 1.0) ->
 
 
 def _trial(est: Estimate, outcome: str, idle: int | None = None, graph: bool = False):
-    attrs = {MEMORY_ATTR: estimate_attr(est, graph), "outcome": outcome}
-    if idle is not None:
-        attrs["idle_bytes"] = idle
-    return optuna.trial.create_trial(params={"x": 1}, distributions={"x": IntDistribution(0, 2)},
-                                     values=[0.0], user_attrs=attrs)
+    return TrialRecord(number=0, state=TrialState.COMPLETE, values=(0.0,), constraints={},
+                       params={"x": 1}, outcome=outcome, memory=estimate_attr(est, graph),
+                       idle_bytes=idle)
 
 
 def test_without_evidence_only_far_over_the_card_is_skipped():

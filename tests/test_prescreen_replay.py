@@ -17,6 +17,7 @@ import pytest
 
 from tuner.trial.memory_estimate import estimate, knobs_from_params
 from tuner.search.model import load_model_info
+from tuner.study.record import records
 from tuner.trial.prescreen import decide
 from tuner.search.space import load_space
 from tuner.search.workload import load_workload
@@ -44,9 +45,9 @@ def test_prior_estimate_separates_the_real_ooms_from_the_healthy_configs(space_f
     model = load_model_info(ROOT / "models" / "llama-3.2-1b")
     study = optuna.load_study(study_name=name, storage=f"sqlite:///{db}")
     seen = {k: 0 for k in expected}
-    for t in study.get_trials(states=(optuna.trial.TrialState.COMPLETE,)):
-        est = estimate(model, knobs_from_params(space, t.params), cells)
+    for t in records(study, (optuna.trial.TrialState.COMPLETE,)):
+        est = estimate(model, knobs_from_params(space, dict(t.params)), cells)
         skip = decide(est, card, []).skip
-        assert skip == (t.user_attrs["outcome"] == "oom"), (t.number, t.user_attrs["outcome"], est.need)
-        seen[t.user_attrs["outcome"]] += 1
+        assert skip == (t.outcome == "oom"), (t.number, t.outcome, est.need)
+        seen[t.outcome] += 1
     assert seen == expected

@@ -10,7 +10,8 @@ import optuna
 from optuna.trial import TrialState
 
 from tuner.server.process import ServerProcess, free_port, group_members
-from tuner.study.recovery import WORKER_ATTR, recover, stop_orphan_server
+from tuner.study.record import claim
+from tuner.study.recovery import recover, stop_orphan_server
 
 
 def _dead_pid() -> int:
@@ -33,9 +34,9 @@ def test_dead_workers_running_trial_is_requeued_and_its_server_stopped(tmp_path)
     done = study.ask({"x": optuna.distributions.IntDistribution(0, 10)})
     study.tell(done, [1.0])
     dead = study.ask({"x": optuna.distributions.IntDistribution(0, 10)})
-    dead.set_user_attr(WORKER_ATTR, f"{socket.gethostname()}:{_dead_pid()}")
+    claim(dead, f"{socket.gethostname()}:{_dead_pid()}")
     live = study.ask({"x": optuna.distributions.IntDistribution(0, 10)})
-    live.set_user_attr(WORKER_ATTR, f"{socket.gethostname()}:{_dead_pid() and __import__('os').getpid()}")
+    claim(live, f"{socket.gethostname()}:{_dead_pid() and __import__('os').getpid()}")
     proc = _orphan_server(tmp_path / "trials" / str(dead.number))
     try:
         assert recover(study, tmp_path / "trials") == [dead.number]
@@ -85,7 +86,7 @@ def test_two_workers_recovering_at_once_requeue_once(tmp_path):
     url = f"sqlite:///{tmp_path}/s.db"
     study = optuna.create_study(storage=url, directions=["maximize"])
     dead = study.ask({"x": optuna.distributions.IntDistribution(0, 10)})
-    dead.set_user_attr(WORKER_ATTR, f"{socket.gethostname()}:{_dead_pid()}")
+    claim(dead, f"{socket.gethostname()}:{_dead_pid()}")
     other = optuna.load_study(study_name=study.study_name, storage=url)
     stale_view = other.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
     assert recover(study, tmp_path / "trials") == [dead.number]

@@ -8,7 +8,8 @@ from optuna.trial import TrialState
 
 from tuner.cli import main
 from tuner.paths import REPO_ROOT
-from tuner.study.objective import open_storage, run_seed
+from tuner.study.storage import open_storage
+from tuner.study.sampler import run_seed
 
 WORKLOAD = """\
 name: tiny

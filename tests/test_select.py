@@ -9,8 +9,10 @@ import pytest
 
 from tests.fakestudy import DIRECTIONS, make_study, make_trial
 from tuner.errors import UsageError
-from tuner.output.select import choose, is_feasible, memory_headroom, pareto_front, repeat_spread, study_objectives
-from tuner.output.slo import SloTerm, parse_slo
+from tuner.output.select import (choose, feasible_front, memory_headroom, repeat_spread,
+                                 study_objectives)
+from tuner.study.record import TrialRecord, is_feasible, records
+from tuner.search.slo import SloTerm, parse_slo
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 
@@ -25,9 +27,9 @@ def feasible(study):
 
 
 def test_pareto_matches_optuna_constrained_best_trials(study):
-    mine = pareto_front(feasible(study), study_objectives(study))
+    mine = feasible_front(records(study), study_objectives(study))
     assert [t.number for t in mine] == sorted(t.number for t in study.best_trials)
-    assert all(t.user_attrs["outcome"] == "ok" for t in mine)
+    assert all(t.outcome == "ok" for t in mine)
 
 
 def test_failed_trials_are_never_feasible(study):
@@ -45,7 +47,7 @@ def test_objectives_come_from_the_study_attr(study):
 def test_metric_picks_take_the_best_feasible(study, pick, metric, sign):
     got = choose(study, pick).trial
     best = min(sign * t.user_attrs["metrics"][metric] for t in feasible(study))
-    assert sign * got.user_attrs["metrics"][metric] <= best + 0.01 * abs(best)
+    assert sign * got.metrics[metric] <= best + 0.01 * abs(best)
 
 
 def test_knee_is_on_the_front_and_not_an_extreme_when_a_compromise_exists(study):
@@ -57,8 +59,8 @@ def test_knee_is_on_the_front_and_not_an_extreme_when_a_compromise_exists(study)
 def test_slo_pick_meets_every_term_and_maximises_throughput(study):
     terms = parse_slo("ttft_p99<=1.2s,cell:c64_i256_o256:tpot_p99<=45ms")
     choice = choose(study, "slo", terms)
-    metrics = choice.trial.user_attrs["metrics"]
-    cell = next(c for c in choice.trial.user_attrs["cells"] if c["cell"]["concurrency"] == 64)
+    metrics = choice.trial.metrics
+    cell = next(c for c in choice.trial.cells if c["cell"]["concurrency"] == 64)
     assert metrics["p99_ttft_ms"] <= 1200 and cell["metrics"]["p99_tpot_ms"] <= 45
     meeting = [t for t in feasible(study) if t.user_attrs["metrics"]["p99_ttft_ms"] <= 1200
                and t.user_attrs["cells"][1]["metrics"]["p99_tpot_ms"] <= 45]
@@ -120,7 +122,7 @@ def test_ties_go_to_more_memory_headroom():
     for pick in ("knee", "max-throughput", "min-ttft"):
         choice = choose(study, pick)
         assert choice.trial.number == 1 and "robustness" in choice.rule
-    assert memory_headroom(study.trials[1]) == pytest.approx(0.5)
+    assert memory_headroom(TrialRecord.of(study.trials[1])) == pytest.approx(0.5)
 
 
 def test_seen_peak_beats_predicted_for_headroom():
@@ -133,4 +135,4 @@ def test_ties_then_go_to_less_spread_over_repeats():
     noisy = [{"metrics": {"output_throughput": 80.0}}, {"metrics": {"output_throughput": 120.0}}]
     study = _twins({"repeats": noisy}, {"repeats": steady})
     assert choose(study, "max-throughput").trial.number == 1
-    assert repeat_spread(study.trials[0], "output_throughput") == pytest.approx(0.2)
+    assert repeat_spread(TrialRecord.of(study.trials[0]), "output_throughput") == pytest.approx(0.2)

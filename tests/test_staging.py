@@ -6,10 +6,12 @@ import optuna
 from optuna.distributions import IntDistribution
 
 from tuner.bench.records import Cell
-from tuner.trial.memory_estimate import Knobs
+from tuner.study.record import TrialRecord
+from tuner.trial.memory_estimate import Knobs, estimate
 from tuner.search.model import load_model_info
 from tuner.search.objectives import parse_objectives
-from tuner.trial.stages import MIN_FULL_TRIALS, dominates, screen_verdict, stress_order
+from tuner.trial.stages import MIN_FULL_TRIALS, screen_verdict, stress_order
+from tuner.study.pareto import dominates
 
 ROOT = Path(__file__).resolve().parents[1]
 M8B = load_model_info(ROOT / "models" / "llama-3.1-8b")
@@ -18,19 +20,19 @@ OBJ = parse_objectives(["max output_throughput", "min p99_tpot_ms"])
 
 def test_largest_prefill_with_company_runs_first():
     cells = [Cell(1, 256, 256, 4), Cell(1, 4096, 256, 4), Cell(4, 4096, 1024, 8), Cell(16, 32, 256, 16)]
-    order = stress_order(cells, M8B, Knobs(kv_tokens=16384, block_size=256, prefill_cap=8))
+    order = stress_order(cells, estimate(M8B, Knobs(kv_tokens=16384, block_size=256, prefill_cap=8), cells))
     assert order[0] == Cell(4, 4096, 1024, 8)
     assert order[-1] == Cell(1, 256, 256, 4)
     assert sorted(order, key=cells.index) == cells
 
 
 def _full(tput: float, tpot: float, screen_tput: float, screen_tpot: float):
-    return optuna.trial.create_trial(
+    return TrialRecord.of(optuna.trial.create_trial(
         params={"x": 1}, distributions={"x": IntDistribution(0, 2)}, values=[tput, tpot],
         constraints={"feasible": 0.0},
         user_attrs={"outcome": "ok", "stage": "full",
                     "metrics": {"output_throughput": tput, "p99_tpot_ms": tpot},
-                    "screen_metrics": {"output_throughput": screen_tput, "p99_tpot_ms": screen_tpot}})
+                    "screen_metrics": {"output_throughput": screen_tput, "p99_tpot_ms": screen_tpot}}))
 
 
 def test_everything_goes_on_until_enough_full_runs():

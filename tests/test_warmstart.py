@@ -14,7 +14,7 @@ from tuner.trial.pipeline import AdaptivePipeline
 from tuner.trial.inprocess import InProcessRunner
 from tuner.search.space import load_space
 from tuner.study.objective import TrialObjective
-from tuner.trial.run import TrialContext
+from tuner.trial.context import TrialContext
 from tuner.search.warmstart import clip_to_space, enqueue, load_seed_config, pareto_configs
 from tuner.search.workload import Workload
 

@@ -22,7 +22,8 @@ from tuner.server.memcap import memory_cap
 from tuner.server.gpu import read_gpu
 from tuner.output.select import choose
 from tuner.search.space import SearchSpace, load_space
-from tuner.trial.run import TrialContext, run_trial
+from tuner.trial.context import TrialContext
+from tuner.trial.run import run_trial
 from tuner.search.workload import load_workload
 
 KEYS = ("output_throughput", "p99_ttft_ms", "p99_tpot_ms", "mean_ttft_ms", "mean_tpot_ms", "p99_itl_ms")

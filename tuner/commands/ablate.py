@@ -12,18 +12,19 @@ import sys
 from pathlib import Path
 
 from tuner.study import storage as studyref
-from tuner.output.ablation import ABLATION_ATTR, ablate
+from tuner.output.ablation import ablate
+from tuner.study.record import set_ablation
 from tuner.commands.tune_options import capacity_bytes
 from tuner.server.memcap import memory_cap
 from tuner.search.bounds import resolve_space
-from tuner.commands.export import add_pick_args, pick_trial
+from tuner.commands.pick_args import add_pick_args, pick_trial
 from tuner.errors import UsageError
 from tuner.server.gpu import read_gpu
 from tuner.search.model import load_model_info
 from tuner.paths import shipped
 from tuner.output.select import study_objectives
 from tuner.search.space import load_space
-from tuner.trial.run import TrialContext
+from tuner.trial.context import TrialContext
 from tuner.search.workload import load_workload
 
 
@@ -78,8 +79,8 @@ def run(args: argparse.Namespace) -> int:
     for n, verdict in verdicts.items():
         print(f"{n:28s} {verdict}")
     # kept with the study, so that `tuner export` can say which exported knobs did nothing
-    study.set_user_attr(ABLATION_ATTR, {"base_trial": base_trial.number, "verdicts": verdicts,
-                                        "band": report.band})
+    set_ablation(study, {"base_trial": base_trial.number, "verdicts": verdicts,
+                         "band": report.band})
     if args.output:
         doc = {"study": study.study_name, "base_trial": base_trial.number, "base": base,
                "metrics": metrics, "noise": report.noise, "band": report.band,

@@ -13,13 +13,14 @@ from typing import Any
 
 import optuna
 
-from tuner.output import report
-
-from tuner.study import storage as studyref
-from tuner.commands.export import SLO_HELP, add_pick_args, pick_trial
+from tuner.commands.pick_args import SLO_HELP, add_pick_args, pick_trial
 from tuner.errors import UsageError
+from tuner.output import report
 from tuner.output.knob_check import describe, knob_report
-from tuner.output.select import Choice, is_feasible, is_measured, outcome, pareto_front, study_objectives
+from tuner.output.select import Choice, feasible_front, study_objectives
+from tuner.output.tables import trials_frame
+from tuner.study import storage as studyref
+from tuner.study.record import TrialRecord, records
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -31,7 +32,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
         epilog=SLO_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
     studyref.add_study_args(p)
     add_pick_args(p)
-    p.add_argument("--format", choices=("table", "json"), default="table", help="stdout format (default: table)")
+    p.add_argument("--format", choices=("table", "json", "csv"), default="table",
+                   help="stdout format; csv: one row per trial with every metric (default: table)")
     p.add_argument("--report", metavar="PATH", help="where to write the report (default: STUDIES_DIR/NAME/report.html)")
     p.add_argument("--no-report", action="store_true", help="do not write report.html or store figures in the study")
     p.add_argument("--serve", action="store_true",
@@ -47,19 +49,20 @@ def _finite(v: float) -> float | str:
     return v if math.isfinite(v) else str(v)
 
 
-def trial_record(t: optuna.trial.FrozenTrial) -> dict[str, Any]:
+def trial_json(t: TrialRecord) -> dict[str, Any]:
     """What `--format json` prints for one trial."""
-    return {"number": t.number, "state": t.state.name, "outcome": outcome(t),
-            "feasible": is_feasible(t), "params": t.params,
+    return {"number": t.number, "state": t.state.name, "outcome": t.outcome,
+            "feasible": t.feasible, "params": dict(t.params),
             "values": [_finite(v) for v in t.values] if t.values else None,
             "constraints": {k: _finite(v) for k, v in t.constraints.items()},
-            "reason": t.user_attrs.get("reason", "")}
+            "reason": t.reason}
 
 
-def as_json(study: optuna.Study, pareto: Sequence[int], choice: Choice | None, report_path: str | None) -> str:
+def as_json(study: optuna.Study, pareto: Sequence[int], choice: Choice | None,
+            report_path: str | None) -> str:
     """The whole inspection as one JSON document."""
     doc = {"study": study.study_name, "objectives": [str(o) for o in study_objectives(study)],
-           "trials": [trial_record(t) for t in study.get_trials(deepcopy=False)],
+           "trials": [trial_json(t) for t in records(study)],
            "pareto": list(pareto), "chosen": choice.trial.number if choice else None,
            "chosen_rule": choice.rule if choice else None, "report": report_path,
            "knobs": _knobs_json(study)}
@@ -73,31 +76,17 @@ def _knobs_json(study: optuna.Study) -> dict[str, Any] | None:
                                      "barely_varied": rep.barely_varied}
 
 
-def _cell(v: Any) -> str:
-    if isinstance(v, float):
-        return f"{v:.4g}"
-    return str(v)
-
-
 def as_table(study: optuna.Study, pareto: Sequence[int], choice: Choice | None) -> str:
     """A fixed-width text table: one row per trial, Pareto members marked * and the pick >."""
-    trials = study.get_trials(deepcopy=False)
-    objectives = study_objectives(study)
-    params = list(dict.fromkeys(k for t in trials for k in t.params))
-    ckeys = list(dict.fromkeys(k for t in trials for k in t.constraints))
-    head = ["", "#", "outcome", *[o.metric for o in objectives], *params, *ckeys]
-    rows = []
-    for t in trials:
-        mark = (">" if choice and t.number == choice.trial.number else "") + ("*" if t.number in pareto else "")
-        vals = [_cell(v) for v in t.values] if is_measured(t) else ["-"] * len(objectives)
-        rows.append([mark, str(t.number), outcome(t), *vals, *[_cell(t.params.get(p, "")) for p in params],
-                     *[_cell(t.constraints.get(k, "")) for k in ckeys]])
-    widths = [max(len(r[i]) for r in [head, *rows]) for i in range(len(head))]
-    lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in [head, *rows]]
+    frame = trials_frame(study).reset_index()
+    chosen = choice.trial.number if choice else None
+    marks = [(">" if n == chosen else "") + ("*" if n in pareto else "") for n in frame["#"]]
+    frame.insert(0, "", marks)
+    text = frame.to_string(index=False, na_rep="-", float_format=lambda v: f"{v:.4g}")
     tail = f"Pareto set (feasible): {', '.join(map(str, pareto)) or 'empty'}"
     if choice:
         tail += f"; chosen: trial {choice.trial.number} ({choice.rule})"
-    return "\n".join(lines + ["", tail + "  [* Pareto, > chosen; '-' = not measured]"])
+    return "\n".join([text, "", tail + "  [* Pareto, > chosen; '-' = not measured]"])
 
 
 def serve(storage: str, host: str, port: int) -> int:
@@ -126,10 +115,9 @@ def run(args: argparse.Namespace) -> int:
     if args.serve:
         return serve(ref.storage, args.host, args.port)
     study = studyref.load(ref)
-    trials = study.get_trials(deepcopy=False)
-    feasible = [t for t in trials if is_feasible(t)]
-    pareto = [t.number for t in pareto_front(feasible, study_objectives(study))]
-    choice = pick_trial(study, args) if feasible else None
+    trials = records(study)
+    pareto = [t.number for t in feasible_front(trials, study_objectives(study))]
+    choice = pick_trial(study, args) if any(t.feasible for t in trials) else None
     report_path = None
     if not args.no_report:
         path = args.report or str(ref.folder / "report.html")
@@ -139,6 +127,8 @@ def run(args: argparse.Namespace) -> int:
             print("optuna-dashboard not installed: figures not stored in the study", file=sys.stderr)
     if args.format == "json":
         print(as_json(study, pareto, choice, report_path))
+    elif args.format == "csv":
+        sys.stdout.write(trials_frame(study, wide=True).to_csv())
     else:
         print(as_table(study, pareto, choice))
         print(describe(knob_report(study)))

@@ -10,36 +10,41 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import sys
 import warnings
+from dataclasses import dataclass
 from pathlib import Path
 
 import optuna
 from optuna.trial import TrialState
 from tqdm import tqdm
 
-from tuner.output import envfile, export
-
-from tuner.server import preflight
-from tuner.commands.tune_options import add_adaptive_args, capacity_bytes, check_adaptive_args, warm_start
-from tuner.server.memcap import CapSetup, memory_cap
-from tuner.search.bounds import resolve_space, resolved_bounds
-from tuner.study.budget import finished, run_to_budget
+from tuner.commands.tune_options import (add_adaptive_args, capacity_bytes, check_adaptive_args,
+                                         default_on_grid, warm_start)
 from tuner.errors import UsageError
-from tuner.server.gpu import read_gpu
+from tuner.output import envfile, export
 from tuner.output.knob_check import describe, knob_report
-from tuner.search.objectives import DEFAULT_OBJECTIVES, check_metric, parse_objectives
-from tuner.paths import shipped
-from tuner.search.model import load_model_info
-from tuner.trial.pipeline import AdaptivePipeline
-from tuner.search.space import load_space
 from tuner.output.report import store_in_dashboard, write_report
 from tuner.output.select import choose
-from tuner.study.objective import (SAMPLERS, TrialObjective, create_or_load, make_sampler, open_storage,
-                         run_seed, storage_url)
-from tuner.trial.run import TrialContext
-from tuner.study.workers import parse_gpus, run_workers
+from tuner.paths import shipped
+from tuner.search.bounds import resolve_space, resolved_bounds
+from tuner.search.model import ModelInfo, load_model_info
+from tuner.search.objectives import DEFAULT_OBJECTIVES, Objective, check_metric, parse_objectives
+from tuner.search.space import SearchSpace, load_space
 from tuner.search.workload import load_workload
+from tuner.server import preflight
+from tuner.server.gpu import GpuState, read_gpu
+from tuner.server.memcap import CapSetup, memory_cap
+from tuner.study.budget import finished, run_to_budget
+from tuner.study.create import create_or_load
+from tuner.study.objective import TrialObjective
+from tuner.study.record import Stage, TrialRecord, records, set_bounds
+from tuner.study.sampler import SAMPLERS, enqueue_grid, make_sampler, run_seed
+from tuner.study.storage import open_storage, sqlite_path, storage_url
+from tuner.study.workers import parse_gpus, run_workers
+from tuner.trial.context import TrialContext
+from tuner.trial.pipeline import AdaptivePipeline
 
 DEFAULT_TIME_SCALE = 25.0
 
@@ -90,15 +95,23 @@ def run(args: argparse.Namespace) -> int:
         return _run(args, stack)
 
 
-def _run(args: argparse.Namespace, stack: contextlib.ExitStack) -> int:
-    optuna.logging.set_verbosity(optuna.logging.WARNING)  # the progress bar reports trials
-    warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
-    warnings.filterwarnings("ignore", category=FutureWarning, module="optuna")
+@dataclass(frozen=True)
+class _Setup:
+    """What a run of `tune` resolved from its arguments before touching the study."""
+
+    ctx: TrialContext
+    model: ModelInfo
+    objectives: list[Objective]
+    capacity: int | None
+    gpu_desc: str
+
+
+def _setup(args: argparse.Namespace, stack: contextlib.ExitStack) -> _Setup:
+    """Check every input and resolve the space; nothing is written yet."""
     if args.trials < 1:
         raise UsageError("--trials must be at least 1")
     if args.time_scale <= 0:
         raise UsageError("--time-scale must be positive")
-    gpus = parse_gpus(args.gpus) if args.gpus else None
     preflight.check_model(args.model, simulate=args.simulate is not None)
     check_adaptive_args(args)
     space = load_space(shipped(args.space))
@@ -107,16 +120,14 @@ def _run(args: argparse.Namespace, stack: contextlib.ExitStack) -> int:
     objectives = parse_objectives(args.objective or workload.objectives or list(DEFAULT_OBJECTIVES))
     for metric in (workload.slo or {}):
         check_metric(metric, f"{args.workload}: slo")
-    name = args.study or _default_study_name(space.name, args.model, args.simulate)
-    studies_dir = Path(args.studies_dir)
-    url = storage_url(studies_dir, name, args.storage)
     gpu_index = args.gpu_index if args.gpu_index is not None else (None if args.simulate else 0)
     gpu_state = read_gpu(gpu_index) if gpu_index is not None else None
     capacity = capacity_bytes(args, gpu_state)
     space = resolve_space(space, model, capacity, workload.cells)
-    preflight.check_launch(TrialContext(space=space, workload=workload, model_dir=args.model,
-                                        simulate=args.simulate, time_scale=args.time_scale))
-    if gpus:  # each worker applies the cap to its own GPU
+    base = TrialContext(space=space, workload=workload, model_dir=args.model,
+                        simulate=args.simulate, time_scale=args.time_scale)
+    preflight.check_launch(base)
+    if args.gpus:  # each worker applies the cap to its own GPU
         cap = CapSetup(env={}, idle=gpu_state)
     else:
         cap = stack.enter_context(memory_cap(space, args.gpu_memory_cap, gpu_state,
@@ -125,17 +136,21 @@ def _run(args: argparse.Namespace, stack: contextlib.ExitStack) -> int:
         print(f"--gpu-memory-cap {args.gpu_memory_cap}: a ballast process holds "
               f"{cap.held_bytes / 2**30:.1f} GiB of the GPU while trials run; servers find "
               f"{cap.free_bytes / 2**30:.1f} GiB free")
-    ctx = TrialContext(space=space, workload=workload, model_dir=args.model,
-                       simulate=args.simulate, time_scale=args.time_scale,
-                       stall_timeout_s=args.stall_timeout, startup_timeout_s=args.startup_timeout,
-                       gpu_wait_s=args.gpu_wait, **cap.trial_fields())
+    ctx = dataclasses.replace(base, stall_timeout_s=args.stall_timeout,
+                              startup_timeout_s=args.startup_timeout, gpu_wait_s=args.gpu_wait,
+                              **cap.trial_fields())
+    return _Setup(ctx, model, objectives, capacity, _gpu_desc(args, gpu_state))
+
+
+def _gpu_desc(args: argparse.Namespace, gpu_state: GpuState | None) -> str:
     if args.simulate:
-        gpu_desc = f"{args.simulate} (simulated)"
-    else:
-        gpu_desc = gpu_state.describe if gpu_state else "unknown GPU (NVML unavailable)"
-        if args.gpu_memory_cap:
-            gpu_desc += f", capped at {args.gpu_memory_cap}"
-    db = Path(url[len("sqlite:///"):]) if url.startswith("sqlite:///") else None
+        return f"{args.simulate} (simulated)"
+    desc = gpu_state.describe if gpu_state else "unknown GPU (NVML unavailable)"
+    return desc + (f", capped at {args.gpu_memory_cap}" if args.gpu_memory_cap else "")
+
+
+def _open_study(args: argparse.Namespace, setup: _Setup, name: str, url: str) -> optuna.Study:
+    db = sqlite_path(url)
     if args.resume and db is not None and not db.is_file():
         raise UsageError(f"--resume: no study '{name}' ({db} not found)")
     if db is not None:
@@ -144,38 +159,66 @@ def _run(args: argparse.Namespace, stack: contextlib.ExitStack) -> int:
     if args.resume and name not in {s.study_name for s in storage.get_all_studies()}:
         raise UsageError(f"--resume: no study '{name}' in {url}")
     sampler = make_sampler(args.sampler, run_seed(storage, name, args.seed, args.gpu_index),
-                           args.trials, space)
-    study = create_or_load(name, storage, ctx, objectives, sampler, gpu_desc)
-    if "bounds" not in study.user_attrs:
-        study.set_user_attr("bounds", resolved_bounds(space))
+                           args.trials)
+    study = create_or_load(name, storage, setup.ctx, setup.objectives, sampler, setup.gpu_desc)
+    set_bounds(study, resolved_bounds(setup.ctx.space))
+    return study
+
+
+def _run(args: argparse.Namespace, stack: contextlib.ExitStack) -> int:
+    optuna.logging.set_verbosity(optuna.logging.WARNING)  # the progress bar reports trials
+    warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
+    warnings.filterwarnings("ignore", category=FutureWarning, module="optuna")
+    gpus = parse_gpus(args.gpus) if args.gpus else None
+    setup = _setup(args, stack)
+    name = args.study or _default_study_name(setup.ctx.space.name, args.model, args.simulate)
+    studies_dir = Path(args.studies_dir)
+    url = storage_url(studies_dir, name, args.storage)
+    study = _open_study(args, setup, name, url)
     if gpus:
         return run_workers(_argv_without_gpus(args.cli_argv), gpus)
-    trials_dir = studies_dir / name / "trials"
-    queued = warm_start(study, space, args, url, studies_dir)
+    queued = warm_start(study, setup.ctx.space, args, url, studies_dir)
     if queued:
         print(f"study {name}: {queued} warm-start config(s) queued first")
+    target = _grid_target(study, setup.ctx.space, args) if args.sampler == "grid" else args.trials
     done = finished(study)
-    print(f"study {name}: {done} finished trials, running up to {max(0, args.trials - done)} more ({url})")
-    pipeline = AdaptivePipeline(ctx, objectives, model, capacity,
-                                prescreen=not args.no_prescreen, screen_cells=args.screen_cells,
-                                confirm=args.confirm)
-    objective = TrialObjective(ctx=ctx, objectives=objectives, trials_dir=trials_dir,
-                               max_trials=args.trials, pipeline=pipeline)
-    bar = tqdm(total=args.trials, initial=done, unit="trial", dynamic_ncols=True)
-
-    def on_trial(study: optuna.Study, trial: optuna.trial.FrozenTrial) -> None:
-        if trial.state == TrialState.COMPLETE:
-            bar.update(1)
-        bar.set_postfix_str(_progress_text(study, trial, objectives[0].metric))
-
-    try:
-        run_to_budget(study, objective, args.trials, trials_dir, callbacks=[on_trial])
-    finally:
-        bar.close()
+    print(f"study {name}: {done} finished trials, running up to {max(0, target - done)} more "
+          f"({url})")
+    _optimize(study, setup, args, studies_dir / name / "trials", target)
     _summary(study)
     if not args.no_export:
         _export(study, studies_dir / name)
     return 0
+
+
+def _grid_target(study: optuna.Study, space: SearchSpace, args: argparse.Namespace) -> int:
+    """Queue the grid's first --trials points; a budget past the grid is capped to its size."""
+    default = None if args.no_defaults else default_on_grid(space)
+    size = enqueue_grid(study, space, args.seed, args.trials, default)
+    if args.trials > size:
+        print(f"--sampler grid: the grid has {size} points; running {size}, not {args.trials}")
+    return min(args.trials, size)
+
+
+def _optimize(study: optuna.Study, setup: _Setup, args: argparse.Namespace, trials_dir: Path,
+              target: int) -> None:
+    pipeline = AdaptivePipeline(setup.ctx, setup.objectives, setup.model, setup.capacity,
+                                prescreen=not args.no_prescreen, screen_cells=args.screen_cells,
+                                confirm=args.confirm)
+    objective = TrialObjective(ctx=setup.ctx, objectives=setup.objectives, trials_dir=trials_dir,
+                               max_trials=target, pipeline=pipeline)
+    bar = tqdm(total=target, initial=finished(study), unit="trial", dynamic_ncols=True)
+    metric = setup.objectives[0].metric
+
+    def on_trial(study: optuna.Study, trial: optuna.trial.FrozenTrial) -> None:
+        if trial.state == TrialState.COMPLETE:
+            bar.update(1)
+        bar.set_postfix_str(_progress_text(study, trial, metric))
+
+    try:
+        run_to_budget(study, objective, target, trials_dir, callbacks=[on_trial])
+    finally:
+        bar.close()
 
 
 def _export(study: optuna.Study, folder: Path) -> None:
@@ -209,19 +252,16 @@ def _argv_without_gpus(argv: list[str]) -> list[str]:
 
 
 def _progress_text(study: optuna.Study, trial: optuna.trial.FrozenTrial, metric: str) -> str:
-    best = [t.user_attrs.get("metrics", {}).get(metric) for t in study.get_trials(deepcopy=False)
-            if t.user_attrs.get("outcome") == "ok" and t.user_attrs.get("stage") != "screen"]
-    best = [b for b in best if b is not None]
-    last = trial.user_attrs.get("outcome", trial.state.name.lower())
+    best = [v for t in records(study) if t.feasible
+            if (v := t.metrics.get(metric)) is not None]
+    last = TrialRecord.of(trial).outcome
     return f"last={last} best {metric}={max(best):.1f}" if best else f"last={last}"
 
 
 def _summary(study: optuna.Study) -> None:
-    trials = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
     counts: dict[str, int] = {}
-    for t in trials:
-        kind = t.user_attrs.get("outcome", "?")
-        kind = "screened out" if t.user_attrs.get("stage") == "screen" else kind
+    for t in records(study, (TrialState.COMPLETE,)):
+        kind = "screened out" if t.stage == Stage.SCREEN else t.outcome
         counts[kind] = counts.get(kind, 0) + 1
     print("outcomes: " + ", ".join(f"{k}={v}" for k, v in sorted(counts.items())))
     print(describe(knob_report(study)))

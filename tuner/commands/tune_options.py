@@ -8,15 +8,19 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
+from typing import Any
 
 import optuna
 
 from tuner.search.bounds import parse_size
+from tuner.search.grid import complete_on_grid
 from tuner.errors import UsageError
 from tuner.server.gpu import GpuState
 from tuner.sim.profiles import get_profile
 from tuner.search.space import SearchSpace
 from tuner.search.warmstart import clip_to_space, enqueue, load_seed_config, pareto_configs
+from tuner.study.record import DEFAULT_MARK
+from tuner.study.storage import find_study
 
 
 def add_adaptive_args(p: argparse.ArgumentParser) -> None:
@@ -61,17 +65,9 @@ def check_adaptive_args(args: argparse.Namespace) -> None:
         raise UsageError("--confirm must be >= 0")
 
 
-def _earlier_study(ref: str, storage: str, studies_dir: Path) -> optuna.Study:
-    if "#" in ref:
-        url, name = ref.rsplit("#", 1)
-    elif (studies_dir / ref / "study.db").is_file():
-        url, name = f"sqlite:///{(studies_dir / ref / 'study.db').as_posix()}", ref
-    else:
-        url, name = storage, ref
-    try:
-        return optuna.load_study(study_name=name, storage=url)
-    except KeyError:
-        raise UsageError(f"--warm-start-from: no study {name!r} in {url}") from None
+def default_on_grid(space: SearchSpace) -> dict[str, Any]:
+    """The server default as a grid point: knobs without a default take their first grid value."""
+    return complete_on_grid(space, clip_to_space(space, space.default_params()))
 
 
 def warm_start(study: optuna.Study, space: SearchSpace, args: argparse.Namespace,
@@ -79,10 +75,18 @@ def warm_start(study: optuna.Study, space: SearchSpace, args: argparse.Namespace
     """Enqueue the warm-start configs of a fresh study; returns how many were enqueued."""
     if study.get_trials(deepcopy=False):
         return 0  # resuming: whatever was enqueued the first time is already there
-    # The report compares the chosen config with this one (user_attr is_default).
-    added = 0 if args.no_defaults else enqueue(
-        study, [clip_to_space(space, space.default_params())], user_attrs={"is_default": True})
+    # The report compares the chosen config with this one (marked as the default).
+    default = (default_on_grid(space) if getattr(args, "sampler", None) == "grid"
+               else clip_to_space(space, space.default_params()))
+    added = 0 if args.no_defaults else enqueue(study, [default], user_attrs=DEFAULT_MARK)
     configs = [load_seed_config(space, f) for f in args.seed_config or []]
     if args.warm_start_from:
-        configs += pareto_configs(_earlier_study(args.warm_start_from, storage, studies_dir), space)
+        configs += pareto_configs(_earlier(args.warm_start_from, storage, studies_dir), space)
     return added + enqueue(study, configs)
+
+
+def _earlier(ref: str, storage: str, studies_dir: Path) -> optuna.Study:
+    try:
+        return find_study(ref, storage, studies_dir)
+    except UsageError as exc:
+        raise UsageError(f"--warm-start-from: {exc}") from None

@@ -19,10 +19,11 @@ from pathlib import Path
 from typing import Any
 
 from tuner.search.space import Param
-from tuner.trial.run import TrialContext, TrialResult, run_trial
+from tuner.trial.context import TrialContext
+from tuner.trial.result import TrialResult
+from tuner.trial.run import run_trial
 
 Runner = Callable[[TrialContext, dict[str, Any], Path], TrialResult]
-ABLATION_ATTR = "ablation"   # study user_attr: {"base_trial", "verdicts": {knob: verdict}, "band"}
 NO_EFFECT = "no effect"
 
 

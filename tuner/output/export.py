@@ -1,7 +1,7 @@
 """Turn a chosen trial into a deployable config (env | json | yaml) with provenance.
 
-Values come from what the server actually got -- the trial's `env` and `argv` user_attrs -- with
-the study attrs `env_params` (param -> env var) and `flag_params` (param -> flag) saying which of
+Values come from what the server actually got -- the trial record's `env` and `argv` -- with the
+study record's `env_params` (param -> env var) and `flag_params` (param -> flag) saying which of
 them are tuned, so the export does not depend on the search-space loader.
 """
 
@@ -15,13 +15,12 @@ from typing import Any
 
 import optuna
 import yaml
-from optuna.trial import FrozenTrial
-
 import tuner
-from tuner.output import envfile
-from tuner.output.ablation import ABLATION_ATTR, NO_EFFECT
 from tuner.errors import UsageError
+from tuner.output import envfile
+from tuner.output.ablation import NO_EFFECT
 from tuner.output.select import Choice, study_objectives
+from tuner.study.record import StudyInfo, TrialRecord
 
 FORMATS = ("env", "json", "yaml")
 # metrics worth a header line; json/yaml carry them all
@@ -51,19 +50,18 @@ def _flag_tokens(argv: Sequence[str], flag: str) -> list[str]:
     return []
 
 
-def tuned_env(trial: FrozenTrial, env_params: Mapping[str, str]) -> dict[str, str]:
+def tuned_env(trial: TrialRecord, env_params: Mapping[str, str]) -> dict[str, str]:
     """The env vars of the tuned parameters as the server got them (unset ones left out)."""
-    env = {str(k): str(v) for k, v in (trial.user_attrs.get("env") or {}).items()}
-    return {var: env[var] for var in env_params.values() if var in env}
+    return {var: trial.env[var] for var in env_params.values() if var in trial.env}
 
 
-def tuned_args(trial: FrozenTrial, flag_params: Mapping[str, str]) -> list[str]:
+def tuned_args(trial: TrialRecord, flag_params: Mapping[str, str]) -> list[str]:
     """The argv tokens of the tuned flag parameters, in the order the server got them.
 
     A bool param is a switch (present or absent), so only its flag is taken; others take the
     flag's value too (`--flag value` or `--flag=value`, as rendered).
     """
-    argv = [str(a) for a in trial.user_attrs.get("argv") or []]
+    argv = list(trial.argv)
     found = []
     for param, flag in flag_params.items():
         if isinstance(trial.params.get(param), bool):
@@ -79,48 +77,46 @@ def tuned_args(trial: FrozenTrial, flag_params: Mapping[str, str]) -> list[str]:
 def build(study: optuna.Study, choice: Choice, *, now: _dt.datetime | None = None) -> ExportConfig:
     """The export of `choice.trial` with a provenance record."""
     trial = choice.trial
-    attrs = study.user_attrs
-    if "argv" not in trial.user_attrs and "env" not in trial.user_attrs:
-        raise UsageError(f"trial {trial.number} has no argv/env user_attrs; was it run by the tuner?")
-    for key in ("flag_params", "env_params"):
-        if not isinstance(attrs.get(key), dict):
-            raise UsageError(f"study {study.study_name!r} has no user_attr {key} (param -> "
-                             f"{'flag' if key == 'flag_params' else 'env var'}), so the tuned knobs "
-                             "cannot be told apart from the fixed ones")
+    meta = StudyInfo.of(study)
+    if not trial.argv and not trial.env:
+        raise UsageError(f"trial {trial.number} has no recorded argv/env; was it run by the tuner?")
+    if meta.flag_params is None or meta.env_params is None:
+        raise UsageError(f"study {study.study_name!r} does not record which flags and variables "
+                         "are tuned, so the tuned knobs cannot be told apart from the fixed ones")
     objectives = study_objectives(study)
     provenance = {
-        "tuner_version": attrs.get("tuner_version", tuner.__version__),
+        "tuner_version": meta.tuner_version or tuner.__version__,
         "exported_by": tuner.__version__,
         "date": (now or _dt.datetime.now(_dt.timezone.utc)).isoformat(timespec="seconds"),
         "study": study.study_name,
         "trial": trial.number,
         "pick": choice.rule,
         "pareto_trials": [t.number for t in choice.pareto],
-        "model": attrs.get("model"),
-        "gpu": attrs.get("gpu"),
-        "space": attrs.get("space"),
-        "space_file": attrs.get("space_file"),
-        "workload": attrs.get("workload"),
-        "simulated": bool(attrs.get("simulated", False)),
+        "model": meta.model,
+        "gpu": meta.gpu,
+        "space": meta.space,
+        "space_file": meta.space_file,
+        "workload": meta.workload,
+        "simulated": meta.simulated,
         "objectives": [str(o) for o in objectives],
-        "values": {o.metric: v for o, v in zip(objectives, trial.values or [])},
-        "metrics": dict(trial.user_attrs.get("metrics") or {}),
-        "launch": envfile.server_args_line(trial.user_attrs.get("argv") or []),
-        "no_effect": _no_effect(attrs),
+        "values": {o.metric: v for o, v in zip(objectives, trial.values or ())},
+        "metrics": dict(trial.metrics),
+        "launch": envfile.server_args_line(list(trial.argv)),
+        "no_effect": _no_effect(meta),
     }
-    return ExportConfig(env=tuned_env(trial, attrs["env_params"]),
-                        server_args=tuned_args(trial, attrs["flag_params"]),
+    return ExportConfig(env=tuned_env(trial, meta.env_params),
+                        server_args=tuned_args(trial, meta.flag_params),
                         params=dict(trial.params), provenance=provenance)
 
 
-def _no_effect(attrs: Mapping[str, Any]) -> dict[str, Any] | None:
+def _no_effect(meta: StudyInfo) -> dict[str, Any] | None:
     """Knobs `tuner ablate` found dead on this server, by the names the deployment sees."""
-    ablation = attrs.get(ABLATION_ATTR)
-    if not isinstance(ablation, dict):
+    if meta.ablation is None:
         return None
-    names = {**attrs.get("flag_params", {}), **attrs.get("env_params", {})}
-    dead = [names.get(k, k) for k, v in (ablation.get("verdicts") or {}).items() if v == NO_EFFECT]
-    return {"base_trial": ablation.get("base_trial"), "knobs": dead} if dead else None
+    names = {**(meta.flag_params or {}), **(meta.env_params or {})}
+    verdicts = meta.ablation.get("verdicts") or {}
+    dead = [names.get(k, k) for k, v in verdicts.items() if v == NO_EFFECT]
+    return {"base_trial": meta.ablation.get("base_trial"), "knobs": dead} if dead else None
 
 
 def _fmt(v: Any) -> str:

@@ -15,12 +15,13 @@ from typing import Any
 
 import optuna
 import plotly.graph_objects as go
-from optuna.importance import PedAnovaImportanceEvaluator
 from optuna.trial import FrozenTrial, TrialState
 from plotly.subplots import make_subplots
 
-from tuner.output.select import Objective, is_measured, outcome
-from tuner.output.slo import cell_id
+from tuner.output.knob_check import MIN_TRIALS, KnobReport
+from tuner.search.objectives import Objective
+from tuner.search.slo import cell_id
+from tuner.study.record import TrialRecord, is_measured
 
 OUTCOME_COLORS = {"ok": "#2ca02c", "slo": "#bcbd22", "oom": "#d62728",
                   "crash": "#000000", "unhealthy": "#ff7f0e", "hang": "#9467bd", "startup": "#8c564b",
@@ -32,26 +33,26 @@ def _color(name: str) -> str:
     return OUTCOME_COLORS.get(name, "#17becf")
 
 
-def _axis_values(trials: Sequence[FrozenTrial], i: int, obj: Objective) -> list[float]:
+def _axis_values(trials: Sequence[TrialRecord], i: int, obj: Objective) -> list[float]:
     """Objective i per trial; unmeasured trials placed 5% beyond the worst measured value."""
-    seen = [t.values[i] for t in trials if is_measured(t)] or [0.0, 1.0]
+    seen = [t.values[i] for t in trials if t.measured and t.values] or [0.0, 1.0]
     lo, hi = min(seen), max(seen)
     pad = 0.05 * ((hi - lo) or abs(hi) or 1.0)
     edge = lo - pad if obj.maximize else hi + pad
-    return [t.values[i] if is_measured(t) else edge for t in trials]
+    return [t.values[i] if t.measured and t.values else edge for t in trials]
 
 
-def _hover(t: FrozenTrial, objectives: Sequence[Objective]) -> str:
-    head = f"trial {t.number}: {outcome(t)}"
-    if not is_measured(t):
-        reason = str(t.user_attrs.get("reason", ""))[:120]
+def _hover(t: TrialRecord, objectives: Sequence[Objective]) -> str:
+    head = f"trial {t.number}: {t.outcome}"
+    if not t.measured or t.values is None:
+        reason = t.reason[:120]
         return f"{head}<br>not measured (worst-case values){'<br>' + reason if reason else ''}"
     vals = "<br>".join(f"{o.metric}={v:.4g}" for o, v in zip(objectives, t.values))
     params = "<br>".join(f"{k}={v}" for k, v in t.params.items())
     return f"{head}<br>{vals}<br>{params}"
 
 
-def pareto_front(trials: Sequence[FrozenTrial], objectives: Sequence[Objective],
+def pareto_front(trials: Sequence[TrialRecord], objectives: Sequence[Objective],
                  pareto: Sequence[int], chosen: int | None) -> go.Figure:
     """Each pair of objectives, every trial coloured by outcome; Pareto set ringed, pick starred."""
     done = [t for t in trials if t.state == TrialState.COMPLETE and t.values is not None]
@@ -64,8 +65,8 @@ def pareto_front(trials: Sequence[FrozenTrial], objectives: Sequence[Objective],
         row, col = n // cols + 1, n % cols + 1
         xs = axes[a] if a != b else [t.number for t in done]
         ys = axes[b]
-        for name in dict.fromkeys(outcome(t) for t in done):
-            idx = [k for k, t in enumerate(done) if outcome(t) == name]
+        for name in dict.fromkeys(t.outcome for t in done):
+            idx = [k for k, t in enumerate(done) if t.outcome == name]
             fig.add_trace(go.Scatter(
                 x=[xs[k] for k in idx], y=[ys[k] for k in idx], mode="markers", name=name,
                 legendgroup=name, showlegend=n == 0,
@@ -85,35 +86,26 @@ def pareto_front(trials: Sequence[FrozenTrial], objectives: Sequence[Objective],
     return fig
 
 
-def _measured_study(study: optuna.Study, objectives: Sequence[Objective], *, lower_is_better: bool
+def _measured_study(study: optuna.Study, objectives: Sequence[Objective]
                     ) -> tuple[optuna.Study, list[FrozenTrial]]:
-    """An in-memory study of the trials that ran ok (failures only hold worst-case sentinels).
-
-    With lower_is_better, maximised objectives are negated and every direction is minimise.
-    """
+    """An in-memory study of the trials that ran ok (failures only hold worst-case sentinels)."""
     ok = [t for t in study.get_trials(deepcopy=False) if is_measured(t)]
     verbosity = optuna.logging.get_verbosity()
     optuna.logging.set_verbosity(optuna.logging.WARNING)  # no "new study created" line per report
     try:
-        copy = optuna.create_study(directions=["minimize"] * len(objectives) if lower_is_better
-                                   else study.directions)
+        copy = optuna.create_study(directions=study.directions)
     finally:
         optuna.logging.set_verbosity(verbosity)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
         copy.set_metric_names([o.metric for o in objectives])
-    if lower_is_better:
-        signs = [-1.0 if o.maximize else 1.0 for o in objectives]
-        copy.add_trials([optuna.create_trial(values=[s * v for s, v in zip(signs, t.values)], params=t.params,
-                                             distributions=t.distributions) for t in ok])
-    else:
-        copy.add_trials(ok)
+    copy.add_trials(ok)
     return copy, ok
 
 
 def optimization_history(study: optuna.Study, objectives: Sequence[Objective]) -> go.Figure:
     """optuna's history plot of the first objective over the ok trials (SLO misses shown apart)."""
-    copy, ok = _measured_study(study, objectives, lower_is_better=False)
+    copy, ok = _measured_study(study, objectives)
     if not ok:
         return _note("Optimisation history", "no trial ran ok")
     fig = optuna.visualization.plot_optimization_history(
@@ -126,26 +118,23 @@ def optimization_history(study: optuna.Study, objectives: Sequence[Objective]) -
     return fig
 
 
-def param_importances(study: optuna.Study, objectives: Sequence[Objective]) -> go.Figure:
-    """optuna's importance plot (PED-ANOVA, no scikit-learn needed) per objective, ok trials only.
-
-    PED-ANOVA ranks what it takes to reach *low* targets, so maximised objectives are negated.
-    """
-    copy, ok = _measured_study(study, objectives, lower_is_better=True)
-    varying = sorted(p for p in {k for t in ok for k in t.params}
-                     if len({repr(t.params.get(p)) for t in ok}) > 1 and all(p in t.params for t in ok))
-    if len(ok) < 2 or not varying:
-        return _note("Parameter importances", f"needs 2+ ok trials with varying params (have {len(ok)})")
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", UserWarning)  # the "low target" reminder, handled above
-        fig = optuna.visualization.plot_param_importances(
-            copy, evaluator=PedAnovaImportanceEvaluator(), params=varying)
-    fig.update_layout(title="Parameter importances (PED-ANOVA over ok trials)",
-                      height=160 + 60 * len(varying))
+def param_importances(knobs: KnobReport | None) -> go.Figure:
+    """The knob check's fANOVA shares as bars, one group per objective: the same numbers
+    `tune` and `inspect` print, so the report and the terminal cannot disagree."""
+    if knobs is None or not knobs.importance:
+        return _note("Parameter importances", f"needs {MIN_TRIALS}+ ok trials with varying knobs")
+    names = sorted(knobs.importance, key=lambda k: max(knobs.importance[k].values(), default=0))
+    labels = list(dict.fromkeys(lab for per in knobs.importance.values() for lab in per))
+    fig = go.Figure([go.Bar(name=lab, orientation="h", y=names,
+                            x=[knobs.importance[k].get(lab, 0.0) for k in names]) for lab in labels])
+    fig.update_layout(title=f"Parameter importances (fANOVA share of each objective's variance, "
+                            f"{knobs.trials_used} ok trials)", barmode="group",
+                      xaxis_title="share of variance", xaxis_tickformat=".0%",
+                      height=160 + 40 * len(names) * max(len(labels), 1))
     return fig
 
 
-def failure_map(trials: Sequence[FrozenTrial]) -> go.Figure:
+def failure_map(trials: Sequence[TrialRecord]) -> go.Figure:
     """For each knob: the values tried, on the outcome they had (which values OOM or crash)."""
     params = sorted({p for t in trials for p in t.params})
     if not params:
@@ -154,11 +143,11 @@ def failure_map(trials: Sequence[FrozenTrial]) -> go.Figure:
     rows = -(-len(params) // cols)
     fig = make_subplots(rows=rows, cols=cols, subplot_titles=params, vertical_spacing=0.12)
     rng = random.Random(0)
-    order = list(dict.fromkeys(sorted((outcome(t) for t in trials), key=lambda n: (n != "ok", n))))
+    order = list(dict.fromkeys(sorted((t.outcome for t in trials), key=lambda n: (n != "ok", n))))
     for n, p in enumerate(params):
         row, col = n // cols + 1, n % cols + 1
         for name in order:
-            sub = [t for t in trials if outcome(t) == name and p in t.params]
+            sub = [t for t in trials if t.outcome == name and p in t.params]
             if not sub:
                 continue
             fig.add_trace(go.Scatter(
@@ -176,13 +165,13 @@ def _plain(v: Any) -> Any:
     return str(v) if isinstance(v, bool) else v
 
 
-def cells_table(chosen: FrozenTrial | None, default: FrozenTrial | None) -> go.Figure:
+def cells_table(chosen: TrialRecord | None, default: TrialRecord | None) -> go.Figure:
     """Per-cell metrics of the chosen config beside the server's default config."""
     if chosen is None:
         return _note("Chosen config per cell", "no config chosen (nothing feasible)")
     by_cell: dict[str, dict[str, dict]] = {}
     for who, t in (("chosen", chosen), ("default", default)):
-        for c in (t.user_attrs.get("cells") or []) if t else []:
+        for c in t.cells if t else []:
             by_cell.setdefault(cell_id(c.get("cell", {})), {})[who] = c.get("metrics") or {}
     header = ["cell"]
     for m in CELL_METRICS:
@@ -198,7 +187,7 @@ def cells_table(chosen: FrozenTrial | None, default: FrozenTrial | None) -> go.F
                              cells=dict(values=list(map(list, zip(*rows))) if rows else [[]] * len(header),
                                         align="left")))
     fig.update_layout(title=f"Chosen trial {chosen.number} per cell vs the default config"
-                            + ("" if default else " (no trial has user_attr is_default)"),
+                            + ("" if default else " (the study ran no default config)"),
                       height=260 + 32 * max(len(rows), 1), margin=dict(t=60, b=10))
     return fig
 
@@ -207,21 +196,20 @@ def _num(v: Any) -> str:
     return f"{v:.4g}" if isinstance(v, (int, float)) else "-"
 
 
-def memory_headroom(trials: Sequence[FrozenTrial]) -> go.Figure | None:
+def memory_headroom(trials: Sequence[TrialRecord]) -> go.Figure | None:
     """Predicted headroom (1 - predicted_peak/capacity) against what happened; None if unrecorded."""
     pts = []
     for t in trials:
-        pred, cap = t.user_attrs.get("predicted_peak_bytes"), t.user_attrs.get("capacity_bytes")
-        if isinstance(pred, (int, float)) and isinstance(cap, (int, float)) and cap > 0:
-            seen = t.user_attrs.get("peak_bytes")
-            pts.append((t, 1 - pred / cap, 1 - seen / cap if isinstance(seen, (int, float)) else None))
+        pred, cap, seen = t.predicted_peak_bytes, t.capacity_bytes, t.peak_bytes
+        if pred is not None and cap is not None and cap > 0:
+            pts.append((t, 1 - pred / cap, 1 - seen / cap if seen is not None else None))
     if not pts:
         return None
     with_seen = any(s is not None for _, _, s in pts)
-    order = sorted({outcome(t) for t, _, _ in pts}, key=lambda n: (n != "ok", n))
+    order = sorted({t.outcome for t, _, _ in pts}, key=lambda n: (n != "ok", n))
     fig = go.Figure()
     for name in order:
-        sub = [p for p in pts if outcome(p[0]) == name]
+        sub = [p for p in pts if p[0].outcome == name]
         ys = [s if with_seen else order.index(name) for _, _, s in sub]
         fig.add_trace(go.Scatter(x=[p for _, p, _ in sub], y=ys, mode="markers", name=name,
                                  marker=dict(color=_color(name), size=9),

@@ -20,6 +20,8 @@ import optuna
 from optuna.importance import FanovaImportanceEvaluator, get_param_importances
 from optuna.trial import TrialState
 
+from tuner.study.record import StudyInfo, TrialRecord
+
 MIN_TRIALS = 5
 
 
@@ -35,10 +37,10 @@ class KnobReport:
 def knob_report(study: optuna.Study, threshold: float = 0.02) -> KnobReport | None:
     """fANOVA importances over the study's `ok` trials; None with fewer than MIN_TRIALS."""
     ok = [t for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
-          if t.user_attrs.get("outcome") == "ok" and "cached_from" not in t.user_attrs]
+          if (r := TrialRecord.of(t)).outcome == "ok" and r.original]
     if len(ok) < MIN_TRIALS:
         return None
-    labels = [str(x) for x in study.user_attrs.get("objectives", [])] or \
+    labels = list(StudyInfo.of(study).objectives) or \
         [f"objective {i}" for i in range(len(study.directions))]
     params = sorted({k for t in ok for k in t.params})
     counts = {p: Counter(repr(t.params.get(p)) for t in ok) for p in params}

@@ -10,7 +10,7 @@ from __future__ import annotations
 import html
 import json
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import optuna
@@ -19,7 +19,9 @@ import plotly.io as pio
 import plotly.offline
 
 from tuner.output import envfile, figures
-from tuner.output.select import Choice, outcome, study_objectives
+from tuner.output.knob_check import knob_report
+from tuner.output.select import Choice, study_objectives
+from tuner.study.record import StudyInfo, TrialRecord, records
 
 _ONERROR = """<script>
 (function(){function rec(msg){var b=document.body;var e=JSON.parse(b.dataset.jsErrors||"[]");
@@ -41,23 +43,24 @@ section{margin:1.5em 0}#js-errors{display:none;background:#fdd;border:1px solid 
 white-space:pre-wrap}.fig{min-height:200px}code{background:#f4f4f4;padding:1px 3px}</style>"""
 
 
-def default_trial(study: optuna.Study) -> optuna.trial.FrozenTrial | None:
-    """The trial of the server's own defaults (user_attr is_default), if the study ran one."""
-    return next((t for t in study.get_trials(deepcopy=False) if t.user_attrs.get("is_default")), None)
+def default_trial(trials: Sequence[TrialRecord]) -> TrialRecord | None:
+    """The trial of the server's own defaults, if the study ran one."""
+    return next((t for t in trials if t.is_default), None)
 
 
 def build_figures(study: optuna.Study, choice: Choice | None) -> dict[str, go.Figure]:
     """Figure id -> figure; `memory` is absent when no trial recorded predicted memory."""
-    trials = study.get_trials(deepcopy=False)
+    trials = records(study)
     objectives = study_objectives(study)
     chosen = choice.trial if choice else None
+    pareto = [t.number for t in choice.pareto] if choice else []
     figs = {
-        "pareto": figures.pareto_front(trials, objectives, [t.number for t in choice.pareto] if choice else [],
+        "pareto": figures.pareto_front(trials, objectives, pareto,
                                        chosen.number if chosen else None),
-        "importances": figures.param_importances(study, objectives),
+        "importances": figures.param_importances(knob_report(study)),
         "history": figures.optimization_history(study, objectives),
         "failures": figures.failure_map(trials),
-        "cells": figures.cells_table(chosen, default_trial(study)),
+        "cells": figures.cells_table(chosen, default_trial(trials)),
     }
     memory = figures.memory_headroom(trials)
     if memory is not None:
@@ -72,11 +75,11 @@ def _kv(rows: Mapping[str, object]) -> str:
 
 
 def _summary(study: optuna.Study, choice: Choice | None) -> str:
-    attrs = study.user_attrs
-    trials = study.get_trials(deepcopy=False)
-    counts = Counter(outcome(t) for t in trials)
-    info = {"study": study.study_name, "model": attrs.get("model"), "gpu": attrs.get("gpu"),
-            "search space": attrs.get("space"), "workload": attrs.get("workload"),
+    meta = StudyInfo.of(study)
+    trials = records(study)
+    counts = Counter(t.outcome for t in trials)
+    info = {"study": study.study_name, "model": meta.model, "gpu": meta.gpu,
+            "search space": meta.space, "workload": meta.workload,
             "objectives": ", ".join(map(str, study_objectives(study))),
             "trials": f"{len(trials)} (" + ", ".join(f"{n} {o}" for o, n in counts.most_common()) + ")"}
     if choice is None:
@@ -85,9 +88,9 @@ def _summary(study: optuna.Study, choice: Choice | None) -> str:
     info.update({"chosen trial": f"{t.number} ({choice.rule})",
                  "Pareto set": ", ".join(str(p.number) for p in choice.pareto),
                  "chosen values": ", ".join(f"{o.metric}={v:.4g}"
-                                            for o, v in zip(study_objectives(study), t.values)),
+                                            for o, v in zip(study_objectives(study), t.values or ())),
                  "chosen params": ", ".join(f"{k}={v}" for k, v in t.params.items()),
-                 "launch": envfile.server_args_line(t.user_attrs.get("argv") or [])})
+                 "launch": envfile.server_args_line(list(t.argv))})
     return _kv(info)
 
 
@@ -104,8 +107,8 @@ def render_html(study: optuna.Study, choice: Choice | None, figs: Mapping[str, g
                         f"<script type='application/json' id='{fid}-data'>{_fig_json(fig)}</script></section>")
     if "memory" not in figs:
         sections.append("<section id='memory-note'><h3>Memory headroom: predicted vs seen</h3>"
-                        "<p>not recorded (no trial has user_attrs predicted_peak_bytes and "
-                        "capacity_bytes)</p></section>")
+                        "<p>not recorded (no trial has a predicted peak and the card's "
+                        "capacity)</p></section>")
     title = html.escape(f"tuner report: {study.study_name}")
     return "\n".join([
         "<!DOCTYPE html><html><head><meta charset='utf-8'>", f"<title>{title}</title>", _STYLE,

@@ -7,9 +7,11 @@ throughput, and a latency ceiling no acceptable config reaches.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from tuner.errors import UsageError
+from tuner.search.slo import SloTerm
 
 DEFAULT_OBJECTIVES = ("max output_throughput", "min p99_ttft_ms", "min p99_tpot_ms")
 WORST_LATENCY_MS = 600_000.0  # ten minutes: longer than any request we would accept
@@ -35,17 +37,26 @@ def check_metric(name: str, where: str) -> str:
 
 @dataclass(frozen=True)
 class Objective:
-    direction: str  # "maximize" | "minimize"
+    """One objective: the aggregate metric it names and whether bigger is better."""
+
     metric: str
+    maximize: bool
+
+    @property
+    def direction(self) -> str:
+        return "maximize" if self.maximize else "minimize"
 
     @property
     def label(self) -> str:
-        return f"{'max' if self.direction == 'maximize' else 'min'} {self.metric}"
+        return f"{'max' if self.maximize else 'min'} {self.metric}"
+
+    def __str__(self) -> str:
+        return self.label
 
     def worst(self) -> float:
-        return 0.0 if self.direction == "maximize" else WORST_LATENCY_MS
+        return 0.0 if self.maximize else WORST_LATENCY_MS
 
-    def value(self, metrics: dict[str, float]) -> float:
+    def value(self, metrics: Mapping[str, float]) -> float:
         return float(metrics.get(self.metric, self.worst()))
 
 
@@ -56,8 +67,7 @@ def parse_objectives(specs: list[str] | tuple[str, ...], where: str = "objective
         parts = str(spec).split()
         if len(parts) != 2 or parts[0] not in ("max", "min"):
             raise UsageError(f"{where}: unknown objective '{spec}' (write 'max METRIC' or 'min METRIC')")
-        out.append(Objective("maximize" if parts[0] == "max" else "minimize",
-                             check_metric(parts[1], where)))
+        out.append(Objective(check_metric(parts[1], where), parts[0] == "max"))
     if not out:
         raise UsageError(f"{where}: at least one objective is needed")
     if len({o.metric for o in out}) != len(out):
@@ -65,10 +75,14 @@ def parse_objectives(specs: list[str] | tuple[str, ...], where: str = "objective
     return out
 
 
-def slo_violations(metrics: dict[str, float], slo: dict[str, float]) -> dict[str, float]:
-    """Relative violation per SLO metric: (value - limit) / limit, > 0 when missed."""
+def slo_violations(metrics: Mapping[str, float], slo: Mapping[str, float]) -> dict[str, float]:
+    """Relative violation per SLO metric of a workload (each an upper limit): > 0 when missed.
+
+    The workload's `slo:` is the `--slo` syntax's aggregate `metric <= limit`, so both are
+    evaluated by `SloTerm.violation`; a missing metric counts as missed by 100%.
+    """
     out = {}
     for metric, limit in slo.items():
         value = metrics.get(metric)
-        out[metric] = 1.0 if value is None else (value - limit) / max(abs(limit), 1e-9)
+        out[metric] = 1.0 if value is None else SloTerm(metric, "<=", float(limit)).signed(value)
     return out

@@ -163,7 +163,7 @@ class SearchSpace:
                 continue
             value = params[p.name]
             if p.divide_by is not None:
-                value = int(value) // int(self._divisor(p, params))
+                value = tokens_to_blocks(value, self._divisor(p, params))
             if p.flag is not None:
                 if p.type == "bool":
                     if value:
@@ -177,6 +177,11 @@ class SearchSpace:
                 raise UsageError(f"{self.path}: environment value for {key} contains a newline")
         return argv, env
 
+    def from_rendered(self, p: Param, rendered: Any, params: dict[str, Any]) -> int:
+        """The sampled value of a `divide_by` knob from what the server got (blocks -> tokens)."""
+        assert p.divide_by is not None
+        return blocks_to_tokens(rendered, params.get(p.divide_by, self.param(p.divide_by).default))
+
     def _divisor(self, p: Param, params: dict[str, Any]) -> Any:
         """The value `p` is divided by when rendered: the sampled one, else that knob's default."""
         value = params.get(p.divide_by)
@@ -186,6 +191,15 @@ class SearchSpace:
             raise UsageError(f"{self.path}: parameters.{p.name}.divide_by: {p.divide_by} has no "
                              f"positive integer value to divide by (got {value!r})")
         return value
+
+
+def tokens_to_blocks(tokens: Any, block_size: Any) -> int:
+    """KV capacity in tokens -> whole blocks of `block_size` (what --num-blocks gets)."""
+    return int(tokens) // int(block_size)
+
+
+def blocks_to_tokens(blocks: Any, block_size: Any) -> int:
+    return int(blocks) * int(block_size)
 
 
 def _fill(template: str, subst: dict[str, str], path: Path) -> str:

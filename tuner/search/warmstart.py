@@ -19,7 +19,8 @@ import yaml
 
 from tuner.output import envfile
 from tuner.errors import UsageError
-from tuner.output.select import is_feasible, pareto_front, study_objectives
+from tuner.output.select import feasible_front, study_objectives
+from tuner.study.record import records
 from tuner.search.space import SearchSpace
 
 
@@ -62,10 +63,9 @@ def _from_env(space: SearchSpace, env: dict[str, str]) -> dict[str, Any]:
                 params[p.name] = args[i + 1]
         elif p.flag and p.type == "bool" and args:
             params[p.name] = False
-    for p in space.parameters:  # a tokens knob arrives as blocks: multiply back
+    for p in space.parameters:  # a tokens knob arrives as blocks
         if p.divide_by and p.name in params:
-            divisor = params.get(p.divide_by, space.param(p.divide_by).default)
-            params[p.name] = int(params[p.name]) * int(divisor)
+            params[p.name] = space.from_rendered(p, params[p.name], params)
     return params
 
 
@@ -97,9 +97,8 @@ def load_seed_config(space: SearchSpace, path: str | Path) -> dict[str, Any]:
 
 def pareto_configs(study: optuna.Study, space: SearchSpace) -> list[dict[str, Any]]:
     """The feasible Pareto set of an earlier study, clipped into this space."""
-    feasible = [t for t in study.get_trials(deepcopy=False) if is_feasible(t)]
-    front = pareto_front(feasible, study_objectives(study))
-    return [clip_to_space(space, t.params) for t in front]
+    front = feasible_front(records(study), study_objectives(study))
+    return [clip_to_space(space, dict(t.params)) for t in front]
 
 
 def enqueue(study: optuna.Study, configs: list[dict[str, Any]],

@@ -15,7 +15,7 @@ from pathlib import Path
 from tuner.errors import UsageError
 from tuner.server.process import free_port
 from tuner.search.model import load_model_info
-from tuner.trial.run import HOST, TrialContext
+from tuner.trial.context import HOST, TrialContext
 
 
 def check_model(path: str, simulate: bool) -> None:
@@ -34,11 +34,7 @@ def check_launch(ctx: TrialContext) -> None:
     Catches unknown placeholders, an environment value with a newline and a server command that
     is not installed, and makes sure the kernel still has a loopback port to give.
     """
-    cells = ctx.workload.cells
-    argv, _ = ctx.space.render(
-        ctx.space.default_params(), model=ctx.model_dir, host=HOST, port=free_port(HOST),
-        max_output_len=max(c.output_len for c in cells), simulate=ctx.simulate,
-        extra_placeholders={"time_scale": f"{ctx.time_scale if ctx.simulate else 1.0:g}"})
+    argv, _ = ctx.render(ctx.space.default_params(), port=free_port(HOST))
     program = argv[0]
     if os.sep in program:
         found = os.path.isfile(program) and os.access(program, os.X_OK)

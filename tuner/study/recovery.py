@@ -22,8 +22,8 @@ from optuna.exceptions import UpdateFinishedTrialError
 from optuna.trial import TrialState
 
 from tuner.server.process import MARK_ENV, group_members, pid_alive, stop_group
+from tuner.study.record import mark_interrupted, params_of, retry_mark, worker_of
 
-WORKER_ATTR = "worker"
 UNCLAIMED_AFTER_S = 60.0
 
 
@@ -70,7 +70,7 @@ def stop_orphan_server(trial_dir: Path) -> bool:
 
 
 def _dead_local_worker(trial: optuna.trial.FrozenTrial) -> bool:
-    worker = trial.user_attrs.get(WORKER_ATTR)
+    worker = worker_of(trial)
     if not worker:
         return False
     host, _, pid = worker.rpartition(":")
@@ -85,7 +85,7 @@ def _unclaimed(trial: optuna.trial.FrozenTrial, now: datetime) -> bool:
     trial that no heartbeat will ever mark stale and that would hold a slot of the budget for
     good.  Generous age (clock skew between hosts) before calling it dead.
     """
-    return (WORKER_ATTR not in trial.user_attrs and trial.datetime_start is not None
+    return (worker_of(trial) is None and trial.datetime_start is not None
             and (now - trial.datetime_start).total_seconds() > UNCLAIMED_AFTER_S)
 
 
@@ -103,13 +103,13 @@ def recover(study: optuna.Study, trials_dir: Path) -> list[int]:
             continue
         stop_orphan_server(trials_dir / str(trial.number))
         try:
-            storage.set_trial_user_attr(trial._trial_id, "outcome", "interrupted")  # noqa: SLF001
+            mark_interrupted(storage, trial)
             failed = storage.set_trial_state_values(trial._trial_id, TrialState.FAIL)  # noqa: SLF001
         except UpdateFinishedTrialError:
             continue  # another worker got there first
-        params = trial.params or trial.system_attrs.get("fixed_params", {})
+        params = params_of(trial)
         if failed and params:
-            study.enqueue_trial(params, user_attrs={"retry_of": trial.number})
+            study.enqueue_trial(params, user_attrs=retry_mark(trial.number))
         if failed:
             recovered.append(trial.number)
     return recovered

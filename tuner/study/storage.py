@@ -1,18 +1,24 @@
-"""Find and open a study from the common CLI args (--study, --storage, --studies-dir).
+"""Where studies live and how to open them: storage URLs, the CLI's study reference, creation.
 
-Shared by `export` and `inspect`: both default to the study folder touched last, because right
-after a `tuner run` that is the one the user means.
+`export`, `inspect` and `ablate` default to the study folder touched last, because right after a
+`tuner tune` that is the one the user means.  A study's own folder holds its SQLite file unless
+`--storage` names another storage (PostgreSQL for several hosts).
 """
 
 from __future__ import annotations
 
 import argparse
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import optuna
+import sqlalchemy.exc
 
 from tuner.errors import UsageError
+
+DB_NAME = "study.db"
+_SQLITE = "sqlite:///"
 
 
 @dataclass(frozen=True)
@@ -35,9 +41,60 @@ def add_study_args(parser: argparse.ArgumentParser) -> None:
                         help="folder holding one folder per study (default: ./studies)")
 
 
+def sqlite_url(db: Path) -> str:
+    return f"sqlite:///{db.as_posix()}"
+
+
+def sqlite_path(url: str) -> Path | None:
+    """The file of a SQLite URL (None for any other storage)."""
+    return Path(url[len(_SQLITE):]) if url.startswith(_SQLITE) else None
+
+
+def storage_url(studies_dir: Path, name: str, storage: str | None) -> str:
+    """--storage as given, else the study folder's own SQLite file."""
+    return storage or sqlite_url(studies_dir / name / DB_NAME)
+
+
+def find_study(ref: str, storage: str, studies_dir: Path) -> optuna.Study:
+    """An earlier study by name (in `storage` or its own folder) or as URL#NAME."""
+    if "#" in ref:
+        url, name = ref.rsplit("#", 1)
+    elif (studies_dir / ref / DB_NAME).is_file():
+        url, name = sqlite_url(studies_dir / ref / DB_NAME), ref
+    else:
+        url, name = storage, ref
+    return load(StudyRef(name, url, studies_dir / name))
+
+
+def open_storage(url: str, attempts: int = 5) -> optuna.storages.BaseStorage:
+    """An RDB storage with a heartbeat, so trials of a killed worker can be found and retried.
+
+    Workers started together on an empty database all create Optuna's tables; PostgreSQL lets
+    one win and the others fail on a duplicate table or type.  Those try again (the tables are
+    there by then); any other error is the user's URL and is reported at once.
+    """
+    race: Exception | None = None
+    for attempt in range(attempts):
+        try:
+            return optuna.storages.RDBStorage(
+                url, heartbeat_interval=10, grace_period=30,
+                heartbeat_stale_trial_callback=optuna.storages.RetryHeartbeatStaleTrialCallback(
+                    max_retry=3))
+        except (sqlalchemy.exc.IntegrityError, sqlalchemy.exc.ProgrammingError) as exc:
+            race = exc
+            time.sleep(0.2 * (attempt + 1))
+        except Exception as exc:  # sqlalchemy raises many types for a bad or unreachable URL
+            raise UsageError(f"cannot open storage {url}: {_first_line(exc)}") from None
+    raise UsageError(f"cannot open storage {url}: {_first_line(race)}")
+
+
+def _first_line(exc: Exception | None) -> str:
+    return str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+
+
 def latest_study(studies_dir: Path) -> str:
     """Name of the most recently modified study folder that has a study.db."""
-    dbs = sorted(studies_dir.glob("*/study.db"), key=lambda p: p.stat().st_mtime)
+    dbs = sorted(studies_dir.glob(f"*/{DB_NAME}"), key=lambda p: p.stat().st_mtime)
     if not dbs:
         raise UsageError(f"no study found: no {studies_dir}/<name>/study.db (give --study or --storage)")
     return dbs[-1].parent.name
@@ -58,10 +115,10 @@ def resolve(args: argparse.Namespace) -> StudyRef:
     folder = studies_dir / name
     if args.storage:
         return StudyRef(name, args.storage, folder)
-    db = folder / "study.db"
+    db = folder / DB_NAME
     if not db.is_file():
         raise UsageError(f"study {name!r}: {db} not found")
-    return StudyRef(name, f"sqlite:///{db}", folder)
+    return StudyRef(name, sqlite_url(db), folder)
 
 
 def load(ref: StudyRef) -> optuna.Study:

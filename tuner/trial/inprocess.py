@@ -3,9 +3,10 @@
 Why: benchmarks and tests need thousands of trials through the same objective, constraint,
 pre-screen and staging code as `tuner tune`, and a server launch per trial (even a simulated
 one over HTTP) costs seconds of wall time.  `InProcessRunner` has `run_trial`'s signature and
-returns the same `TrialResult`, classified by the same `tuner.server.outcome.classify` from the same
-log lines, so everything downstream cannot tell the difference.  It also reports what a real
-GPU run would cost: `sim_seconds` (simulated time of the cells it ran).
+returns the same `TrialResult`, classified by the same `tuner.server.outcome.classify` from the
+same log lines and stopped by the same cell loop (`tuner.trial.result.drive`), so everything
+downstream cannot tell the difference.  It also reports what a real GPU run would cost:
+`sim_seconds` (simulated time of the cells it ran).
 """
 
 from __future__ import annotations
@@ -20,7 +21,8 @@ from tuner.bench.records import Cell
 from tuner.bench.runner import CellResult
 from tuner.server.outcome import Evidence, classify
 from tuner.sim import SimCellResult, StartupFailure, simulate
-from tuner.trial.run import HOST, KeepGoing, TrialContext, TrialResult, _cell_row, aggregate
+from tuner.trial.context import TrialContext
+from tuner.trial.result import KeepGoing, TrialResult, aggregate, cell_row, drive
 
 SimulateFn = Callable[..., list[SimCellResult]]  # tuner.sim.simulate's signature
 
@@ -38,38 +40,29 @@ class InProcessRunner:
                  on_cell: Callable[[CellResult], None] | None = None) -> TrialResult:
         t0 = time.monotonic()
         cells = list(ctx.workload.cells if cells is None else cells)
-        argv, env = ctx.space.render(
-            params, model=ctx.model_dir, host=HOST, port=0,
-            max_output_len=max(c.output_len for c in cells), simulate=self.gpu,
-            extra_placeholders={"time_scale": "1"})
+        argv, env = ctx.render(params, cells=cells, simulate=self.gpu, in_process=True)
         try:
             sims = self.simulate_fn(ctx.model_dir, self.gpu, argv, env, cells, seed=self.seed)
         except StartupFailure as exc:
             ev = Evidence("\n".join(exc.log_lines), became_healthy=False, exit_code=3,
                           health_failed=False, cell_errors=())
             return TrialResult(classify(ev, ctx.space.failure_patterns), {}, [], argv, env,
-                               time.monotonic() - t0, extra={"sim_seconds": 0.0})
-        results: list[CellResult] = []
-        ran: list[SimCellResult] = []
-        for i, sim in enumerate(sims):
-            # The HTTP client sees a dead engine as /health 503: "unhealthy".
-            res = CellResult(sim.cell, sim.records, sim.duration_s, sim.metrics,
-                             "unhealthy" if sim.error_class else None, sim.error)
-            results.append(res)
-            ran.append(sim)
-            if on_cell is not None:
-                on_cell(res)
-            if res.error_class is not None:
-                break
-            if keep_going is not None and i + 1 < len(sims) and not keep_going(results):
-                break
+                               time.monotonic() - t0, sim_seconds=0.0)
+
+        def run_one(i: int, cell: Cell) -> CellResult:
+            sim = sims[i]  # the HTTP client sees a dead engine as /health 503: "unhealthy"
+            return CellResult(sim.cell, sim.records, sim.duration_s, sim.metrics,
+                              "unhealthy" if sim.error_class else None, sim.error)
+
+        results = drive(cells[:len(sims)], run_one, on_cell, keep_going)
+        ran = sims[:len(results)]
         failed = any(r.error_class for r in results)
-        ev = Evidence("\n".join(ran[-1].log) if ran else "", became_healthy=True, exit_code=None,
-                      health_failed=failed, cell_errors=tuple(r.error_class for r in results
-                                                              if r.error_class))
-        extra = {"sim_seconds": float(sum(s.duration_s for s in ran)),
-                 "peak_bytes": int(max(s.peak_bytes for s in ran)),
-                 "idle_bytes": int(ran[0].idle_bytes)} if ran else {"sim_seconds": 0.0}
-        return TrialResult(classify(ev, ctx.space.failure_patterns), aggregate(results),
-                           [_cell_row(r) for r in results], argv, env, time.monotonic() - t0,
-                           extra=extra)
+        log = "\n".join(ran[-1].log) if ran else ""
+        ev = Evidence(log, became_healthy=True, exit_code=None, health_failed=failed,
+                      cell_errors=tuple(r.error_class for r in results if r.error_class))
+        return TrialResult(
+            classify(ev, ctx.space.failure_patterns), aggregate(results),
+            [cell_row(r) for r in results], argv, env, time.monotonic() - t0,
+            sim_seconds=float(sum(s.duration_s for s in ran)),
+            peak_bytes=int(max(s.peak_bytes for s in ran)) if ran else None,
+            idle_bytes=int(ran[0].idle_bytes) if ran else None)

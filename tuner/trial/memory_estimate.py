@@ -28,13 +28,14 @@ server whose space declares them; a role the space lacks means "no limit" (large
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 from typing import Any
 
 from tuner.bench.records import Cell
 from tuner.search.model import ModelInfo
-from tuner.search.space import SearchSpace
+from tuner.search.space import SearchSpace, blocks_to_tokens, tokens_to_blocks
 
 GIB = 1 << 30
 RUNTIME_PRIOR_BYTES = 2 * GIB
@@ -84,9 +85,9 @@ def knobs_from_params(space: SearchSpace, params: dict[str, Any]) -> Knobs:
     block = by_role.get("block_size") or 1
     tokens = by_role.get("kv_tokens")
     if tokens is None and by_role.get("kv_blocks") is not None:
-        tokens = int(by_role["kv_blocks"]) * int(block)
-    elif tokens is not None:
-        tokens = (int(tokens) // int(block)) * int(block)  # what --num-blocks really holds
+        tokens = blocks_to_tokens(by_role["kv_blocks"], block)
+    elif tokens is not None:  # what --num-blocks really holds
+        tokens = blocks_to_tokens(tokens_to_blocks(tokens, block), block)
     return Knobs(
         kv_tokens=None if tokens is None else int(tokens), block_size=int(block),
         max_batch=by_role.get("max_batch"), prefill_cap=by_role.get("prefill_batch_cap"),
@@ -106,6 +107,7 @@ class Estimate:
     runtime: int
     forward: int
     peak_cell: str          # key of the cell whose forward is the largest
+    cell_forwards: tuple[tuple[str, int], ...] = ()   # (cell key, forward bytes) per cell
 
     @property
     def static(self) -> int:
@@ -116,7 +118,7 @@ class Estimate:
         return self.static + self.runtime + self.forward
 
     def with_runtime(self, runtime: int) -> Estimate:
-        return Estimate(self.weights, self.pool, runtime, self.forward, self.peak_cell)
+        return dataclasses.replace(self, runtime=runtime)
 
 
 def act_bytes_per_token(model: ModelInfo) -> int:
@@ -172,4 +174,5 @@ def estimate(model: ModelInfo, k: Knobs, cells: list[Cell] | tuple[Cell, ...],
     forward, peak_cell = max(forwards, default=(0, ""))
     return Estimate(weights=model.weight_bytes, pool=pool,
                     runtime=runtime_prior(k.cuda_graph) if runtime is None else runtime,
-                    forward=forward, peak_cell=peak_cell)
+                    forward=forward, peak_cell=peak_cell,
+                    cell_forwards=tuple((key, f) for f, key in forwards))

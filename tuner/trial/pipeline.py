@@ -1,6 +1,6 @@
 """One adaptive trial: pre-screen, stress-first staged run, confirmation of Pareto entrants.
 
-Why a module of its own: `TrialObjective` (tuner/study.py) owns the Optuna side (budget,
+Why a module of its own: `TrialObjective` (tuner/study/objective.py) owns the Optuna side (budget,
 duplicates, `record`); this owns what happens to one config between "the sampler proposed it"
 and "here is its TrialResult", so either side can change without the other.
 
@@ -18,18 +18,21 @@ from pathlib import Path
 from typing import Any
 
 import optuna
-from optuna.trial import FrozenTrial, TrialState
+from optuna.trial import TrialState
 
 from tuner.bench.records import Cell
 from tuner.bench.runner import CellResult
-from tuner.trial.memory_estimate import estimate, knobs_from_params
 from tuner.search.model import ModelInfo
 from tuner.search.objectives import Objective
 from tuner.server.outcome import Outcome
-from tuner.trial.prescreen import (MEMORY_ATTR, calibrated_runtime, decide, estimate_attr,
-                             memory_constraint)
-from tuner.trial.stages import metrics_of_rows, on_front, screen_verdict, stress_order
-from tuner.trial.run import HOST, KeepGoing, TrialContext, TrialResult, run_trial
+from tuner.study.pareto import on_front
+from tuner.study.record import Stage, TrialRecord, records
+from tuner.trial.context import TrialContext
+from tuner.trial.memory_estimate import Estimate, estimate, knobs_from_params
+from tuner.trial.prescreen import calibrated_runtime, decide, estimate_attr, memory_constraint
+from tuner.trial.result import KeepGoing, TrialResult
+from tuner.trial.run import run_trial
+from tuner.trial.stages import Verdict, metrics_of_rows, screen_verdict, stress_order
 
 Runner = Callable[..., TrialResult]  # (ctx, params, trial_dir, cells=..., keep_going=...)
 
@@ -49,45 +52,43 @@ class AdaptivePipeline:
     log: Callable[[str], None] = field(default=lambda line: None)
 
     def run(self, study: optuna.Study, params: dict[str, Any], trial_dir: Path) -> TrialResult:
-        result = self._run(study, params, trial_dir)
-        if self.capacity is not None:
-            need = result.extra["predicted_peak_bytes"]
-            result.constraints["memory"] = memory_constraint(need, self.capacity, result.outcome.kind)
-        return result
-
-    def _run(self, study: optuna.Study, params: dict[str, Any], trial_dir: Path) -> TrialResult:
-        trials = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+        trials = records(study, (TrialState.COMPLETE,))
         knobs = knobs_from_params(self.ctx.space, params)
         est = estimate(self.model, knobs, list(self.ctx.workload.cells),
                        runtime=calibrated_runtime(trials, knobs.cuda_graph))
-        memo: dict[str, Any] = {MEMORY_ATTR: estimate_attr(est, knobs.cuda_graph),
-                                "predicted_peak_bytes": est.need}
+        result = self._run(trials, params, trial_dir, est, knobs.kv_tokens is not None)
+        result.memory = estimate_attr(est, knobs.cuda_graph)
+        result.predicted_peak_bytes = est.need
         if self.capacity is not None:
-            memo["capacity_bytes"] = self.capacity
-        if self.prescreen and self.capacity is not None and knobs.kv_tokens is not None:
+            result.capacity_bytes = self.capacity
+            result.constraints["memory"] = memory_constraint(est.need, self.capacity,
+                                                             result.outcome.kind)
+        return result
+
+    def _run(self, trials: list[TrialRecord], params: dict[str, Any], trial_dir: Path,
+             est: Estimate, sizes_kv: bool) -> TrialResult:
+        if self.prescreen and self.capacity is not None and sizes_kv:
             # Without a KV role the estimate knows neither the pool nor the largest forward, so
             # it has no business skipping anything (seen on the H200: every config skipped).
             verdict = decide(est, self.capacity, trials)
             if verdict.skip:
-                return self._skipped(params, verdict.reason, memo)
-        cells = stress_order(self.ctx.workload.cells, self.model, knobs)
+                return self._skipped(params, verdict.reason)
+        cells = stress_order(self.ctx.workload.cells, est)
         screen: dict[str, Any] = {}
         result = self.runner(self.ctx, params, trial_dir, cells=cells,
                              keep_going=self._screener(trials, len(cells), screen))
-        result.extra.update(memo)
-        result.extra["cell_order"] = [c.key for c in cells]
+        result.cell_order = [c.key for c in cells]
         if "verdict" in screen and not screen["verdict"].go_on:
             return self._screened_out(result, screen["verdict"], screen["metrics"])
-        result.extra["stage"] = "full"
         if self.screen_cells and len(result.cells) >= self.screen_cells:
-            result.extra["screen_metrics"] = metrics_of_rows(result.cells[:self.screen_cells])
+            result.screen_metrics = metrics_of_rows(result.cells[:self.screen_cells])
         if result.outcome.feasible and len(result.cells) == len(cells) and self.confirm > 0:
             values = [o.value(result.metrics) for o in self.objectives]
             if on_front(values, trials, self.objectives):
                 result = self._confirm(result, params, trial_dir, cells)
         return result
 
-    def _screener(self, trials: Sequence[FrozenTrial], n_cells: int,
+    def _screener(self, trials: Sequence[TrialRecord], n_cells: int,
                   out: dict[str, Any]) -> KeepGoing | None:
         """The keep_going callback: after the screening cells, decide whether to go on."""
         k = self.screen_cells
@@ -104,22 +105,19 @@ class AdaptivePipeline:
 
         return keep_going
 
-    def _screened_out(self, result: TrialResult, verdict: Any, measured: dict[str, float]) -> TrialResult:
+    def _screened_out(self, result: TrialResult, verdict: Verdict,
+                      measured: dict[str, float]) -> TrialResult:
         self.log(f"screened out: {verdict.reason}")
-        result.extra.update(stage="screen", screen_metrics=measured, estimated=True)
-        return replace(result, metrics=verdict.estimate,
+        return replace(result, metrics=verdict.estimate, stage=Stage.SCREEN,
+                       screen_metrics=measured, estimated=True,
                        outcome=Outcome(result.outcome.kind, f"screened out: {verdict.reason} "
                                        "(metrics are full-matrix estimates)"))
 
-    def _skipped(self, params: dict[str, Any], reason: str, memo: dict[str, Any]) -> TrialResult:
+    def _skipped(self, params: dict[str, Any], reason: str) -> TrialResult:
         self.log(f"skipped: {reason}")
-        argv, env = self.ctx.space.render(
-            params, model=self.ctx.model_dir, host=HOST, port=0,
-            max_output_len=max(c.output_len for c in self.ctx.workload.cells),
-            simulate=self.ctx.simulate, extra_placeholders={"time_scale": "1"})
+        argv, env = self.ctx.render(params, in_process=True)
         return TrialResult(outcome=Outcome("skipped", f"pre-screen: {reason}"), metrics={},
-                           cells=[], argv=argv, env=env, wall_s=0.0,
-                           extra={**memo, "stage": "prescreen"})
+                           cells=[], argv=argv, env=env, wall_s=0.0, stage=Stage.PRESCREEN)
 
     def _confirm(self, first: TrialResult, params: dict[str, Any], trial_dir: Path,
                  cells: list[Cell]) -> TrialResult:
@@ -132,12 +130,11 @@ class AdaptivePipeline:
         for i in range(1, self.confirm + 1):
             rep = self.runner(self.ctx, params, trial_dir / f"repeat-{i}", cells=cells)
             if not rep.outcome.feasible:
-                rep.extra.update(first.extra)
-                rep.extra["repeats"] = repeats
-                return replace(rep, outcome=Outcome(rep.outcome.kind,
-                                                    f"repeat {i}: {rep.outcome.reason}"))
+                return replace(rep, cell_order=first.cell_order,
+                               screen_metrics=first.screen_metrics, repeats=repeats,
+                               outcome=Outcome(rep.outcome.kind,
+                                               f"repeat {i}: {rep.outcome.reason}"))
             repeats.append(rep.metrics)
         keys = set.intersection(*(set(m) for m in repeats))
         median = {k: float(statistics.median(m[k] for m in repeats)) for k in keys}
-        first.extra.update(repeats=repeats, first_run_metrics=first.metrics)
-        return replace(first, metrics=median)
+        return replace(first, metrics=median, repeats=repeats, first_run_metrics=first.metrics)

@@ -15,7 +15,7 @@ estimate (`tuner.trial.memory_estimate`) is rough, so the decision is calibrated
   running healthy is never skipped, whatever the OOMs say.
 
 Skipped trials are COMPLETE with constraint feasible=1 (the sampler learns the region is
-infeasible), outcome 'skipped', and user_attrs predicted_peak_bytes / capacity_bytes.
+infeasible), outcome 'skipped', with predicted_peak_bytes / capacity_bytes in their record.
 
 Learned infeasibility, graded: every trial also gets the constraint `memory` = (predicted need -
 capacity) / capacity, its sign forced to agree with what was seen (> 0 for an OOM or a skip,
@@ -26,19 +26,17 @@ far a config is from the memory edge, where the best configs of a KV-bound workl
 from __future__ import annotations
 
 import statistics
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from optuna.trial import FrozenTrial, TrialState
-
+from tuner.study.record import TrialRecord
 from tuner.trial.memory_estimate import Estimate, runtime_prior
 
 PRIOR_MARGIN = 0.10
 OOM_MARGIN = 0.03   # the estimate's error between two configs of one mechanism (benchmark: <= ~3%)
 MEMORY_EPS = 0.01
 HEALTHY = ("ok", "slo")
-MEMORY_ATTR = "memory_estimate"
 
 
 @dataclass(frozen=True)
@@ -55,19 +53,18 @@ def estimate_attr(est: Estimate, cuda_graph: bool) -> dict[str, Any]:
             "runtime": est.runtime, "cuda_graph": cuda_graph, "peak_cell": est.peak_cell}
 
 
-def _stored(t: FrozenTrial) -> dict[str, Any] | None:
-    attr = t.user_attrs.get(MEMORY_ATTR)
-    if t.state != TrialState.COMPLETE or not isinstance(attr, dict) or "cached_from" in t.user_attrs:
+def _stored(t: TrialRecord) -> Mapping[str, Any] | None:
+    if not t.original or not isinstance(t.memory, Mapping):
         return None
-    return attr
+    return t.memory
 
 
-def calibrated_runtime(trials: Sequence[FrozenTrial], cuda_graph: bool) -> int:
+def calibrated_runtime(trials: Sequence[TrialRecord], cuda_graph: bool) -> int:
     """Median measured runtime overhead for this graph setting (see module doc), else the prior."""
     seen: dict[bool, list[int]] = {False: [], True: []}
     for t in trials:
-        attr, idle = _stored(t), t.user_attrs.get("idle_bytes")
-        if attr is not None and isinstance(idle, (int, float)) and idle > 0:
+        attr, idle = _stored(t), t.idle_bytes
+        if attr is not None and idle is not None and idle > 0:
             seen[bool(attr["cuda_graph"])].append(int(idle) - attr["weights"] - attr["pool"])
     if seen[cuda_graph]:
         return int(statistics.median(seen[cuda_graph]))
@@ -77,18 +74,18 @@ def calibrated_runtime(trials: Sequence[FrozenTrial], cuda_graph: bool) -> int:
     return runtime_prior(cuda_graph)
 
 
-def _need(attr: dict[str, Any], trials: Sequence[FrozenTrial]) -> int:
-    runtime = calibrated_runtime(trials, bool(attr["cuda_graph"]))
-    return int(attr["weights"] + attr["pool"] + attr["forward"] + runtime)
+def _need(attr: Mapping[str, Any], runtime: Mapping[bool, int]) -> int:
+    return int(attr["weights"] + attr["pool"] + attr["forward"] + runtime[bool(attr["cuda_graph"])])
 
 
-def decide(est: Estimate, capacity: int, trials: Sequence[FrozenTrial]) -> Decision:
+def decide(est: Estimate, capacity: int, trials: Sequence[TrialRecord]) -> Decision:
     """Skip or run a config whose (calibrated) estimate is `est`, given the study so far."""
     need = est.need
-    healthy = [_need(a, trials) for t in trials
-               if (a := _stored(t)) is not None and t.user_attrs.get("outcome") in HEALTHY]
-    oom = [_need(a, trials) for t in trials
-           if (a := _stored(t)) is not None and t.user_attrs.get("outcome") == "oom"
+    runtime = {g: calibrated_runtime(trials, g) for g in (False, True)}  # once, not per trial
+    healthy = [_need(a, runtime) for t in trials
+               if (a := _stored(t)) is not None and t.outcome in HEALTHY]
+    oom = [_need(a, runtime) for t in trials
+           if (a := _stored(t)) is not None and t.outcome == "oom"
            and a.get("peak_cell") == est.peak_cell]
     prior = int(capacity * (1 + PRIOR_MARGIN))
     floor = max(healthy, default=0)

@@ -26,59 +26,38 @@ that works).
 from __future__ import annotations
 
 import statistics
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from types import SimpleNamespace
 from typing import Any
 
-from optuna.trial import FrozenTrial, TrialState
-
 from tuner.bench.records import Cell
-from tuner.trial.memory_estimate import Knobs, cell_forward_bytes
-from tuner.search.model import ModelInfo
 from tuner.search.objectives import Objective
-from tuner.trial.run import aggregate
+from tuner.study.pareto import on_front
+from tuner.study.record import TrialRecord
+from tuner.trial.memory_estimate import Estimate
+from tuner.trial.result import aggregate
 
 MIN_FULL_TRIALS = 3     # fully-run feasible trials needed before anything is screened out
 RATIO_SLACK = 0.05      # widen the most favourable observed ratio by this much
 
 
-def stress_order(cells: Sequence[Cell], model: ModelInfo, knobs: Knobs) -> list[Cell]:
-    """Cells by estimated forward bytes, largest first; ties: longer prompt, higher concurrency,
-    then workload order (stable), so the order is deterministic."""
+def stress_order(cells: Sequence[Cell], est: Estimate) -> list[Cell]:
+    """Cells by the estimate's forward bytes, largest first; ties: longer prompt, higher
+    concurrency, then workload order (stable), so the order is deterministic."""
+    forward = dict(est.cell_forwards)
     index = {id(c): i for i, c in enumerate(cells)}
-    return sorted(cells, key=lambda c: (-cell_forward_bytes(model, knobs, c), -c.input_len,
-                                        -c.concurrency, index[id(c)]))
+    return sorted(cells, key=lambda c: (-forward.get(c.key, 0), -c.input_len, -c.concurrency,
+                                        index[id(c)]))
 
 
-def metrics_of_rows(rows: Sequence[dict[str, Any]]) -> dict[str, float]:
-    """Aggregate metrics of stored cell rows (`TrialResult.cells`), as `trial.aggregate` does."""
+def metrics_of_rows(rows: Sequence[Mapping[str, Any]]) -> dict[str, float]:
+    """Aggregate metrics of stored cell rows (`TrialResult.cells`), as `result.aggregate` does."""
     return aggregate([SimpleNamespace(metrics=r.get("metrics") or {}) for r in rows])
 
 
-def is_full_feasible(t: FrozenTrial) -> bool:
-    """A trial that ran the whole matrix healthy and met every constraint."""
-    return (t.state == TrialState.COMPLETE and t.values is not None
-            and t.user_attrs.get("outcome") == "ok" and t.user_attrs.get("stage", "full") == "full"
-            and "cached_from" not in t.user_attrs
-            and all(v <= 0 for v in t.constraints.values()))
-
-
-def dominates(a: Sequence[float], b: Sequence[float], objectives: Sequence[Objective]) -> bool:
-    """a is at least as good as b everywhere and better somewhere."""
-    better = False
-    for x, y, o in zip(a, b, objectives):
-        gx, gy = (x, y) if o.direction == "maximize" else (-x, -y)
-        if gx < gy:
-            return False
-        better = better or gx > gy
-    return better
-
-
-def on_front(values: Sequence[float], trials: Sequence[FrozenTrial],
-             objectives: Sequence[Objective]) -> bool:
-    """Would `values` be non-dominated among the fully-run feasible trials?"""
-    return not any(dominates(t.values, values, objectives) for t in trials if is_full_feasible(t))
+def _fully_run(t: TrialRecord) -> bool:
+    return t.feasible and t.original
 
 
 @dataclass(frozen=True)
@@ -88,20 +67,20 @@ class Verdict:
     estimate: dict[str, float]      # point estimate of the full-matrix metrics
 
 
-def _ratios(trials: Sequence[FrozenTrial], metric: str) -> list[float]:
+def _ratios(trials: Sequence[TrialRecord], metric: str) -> list[float]:
     out = []
     for t in trials:
-        full = (t.user_attrs.get("metrics") or {}).get(metric)
-        screen = (t.user_attrs.get("screen_metrics") or {}).get(metric)
+        full = t.metrics.get(metric)
+        screen = (t.screen_metrics or {}).get(metric)
         if isinstance(full, (int, float)) and isinstance(screen, (int, float)) and screen > 0:
             out.append(full / screen)
     return out
 
 
-def screen_verdict(screen: dict[str, float], trials: Sequence[FrozenTrial],
-                   objectives: Sequence[Objective], slo: dict[str, float]) -> Verdict:
+def screen_verdict(screen: dict[str, float], trials: Sequence[TrialRecord],
+                   objectives: Sequence[Objective], slo: Mapping[str, float]) -> Verdict:
     """Should a config whose screening cells gave `screen` run the rest of the matrix?"""
-    full = [t for t in trials if is_full_feasible(t) and t.user_attrs.get("screen_metrics")]
+    full = [t for t in trials if _fully_run(t) and t.screen_metrics]
     if len(full) < MIN_FULL_TRIALS:
         return Verdict(True, f"fewer than {MIN_FULL_TRIALS} fully-run feasible trials", {})
     metrics = {o.metric for o in objectives} | set(slo)
@@ -111,7 +90,7 @@ def screen_verdict(screen: dict[str, float], trials: Sequence[FrozenTrial],
         ratios = _ratios(full, m)
         if m not in screen or not ratios:
             return Verdict(True, f"no full/screen ratio for {m}", {})
-        maximize = any(o.metric == m and o.direction == "maximize" for o in objectives)
+        maximize = any(o.metric == m and o.maximize for o in objectives)
         best = max(ratios) * (1 + RATIO_SLACK) if maximize else min(ratios) * (1 - RATIO_SLACK)
         optimistic[m] = screen[m] * best
         estimate[m] = screen[m] * statistics.median(ratios)

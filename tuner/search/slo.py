@@ -20,9 +20,9 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from tuner.errors import UsageError
 
@@ -32,6 +32,16 @@ _TERM = re.compile(
 )
 _SHORT = re.compile(r"^([a-z0-9]+)_(p\d+|mean|median|std)$")
 _CELL = re.compile(r"^c(\d+)_i(\d+)_o(\d+)$")
+
+
+class Measured(Protocol):
+    """What an SLO is judged on: a trial's aggregate metrics and its per-cell rows."""
+
+    @property
+    def metrics(self) -> Mapping[str, float]: ...
+
+    @property
+    def cells(self) -> Sequence[Mapping[str, Any]]: ...
 
 
 @dataclass(frozen=True)
@@ -47,18 +57,19 @@ class SloTerm:
         where = f"cell:{self.cell}:" if self.cell else ""
         return f"{where}{self.metric}{self.op}{self.limit:g}"
 
+    def signed(self, value: float) -> float:
+        """Relative distance to the limit, > 0 on the wrong side: a graded Optuna constraint."""
+        scale = max(abs(self.limit), 1e-12)
+        over = value - self.limit if self.op in ("<=", "<") else self.limit - value
+        return over / scale
+
     def violation(self, value: float | None) -> float:
         """0 when met, else the relative distance to the limit (inf when the value is missing)."""
         if value is None or not math.isfinite(value):
             return math.inf
-        scale = max(abs(self.limit), 1e-12)
-        if self.op in ("<=", "<"):
-            over = (value - self.limit) / scale
-            met = value <= self.limit if self.op == "<=" else value < self.limit
-        else:
-            over = (self.limit - value) / scale
-            met = value >= self.limit if self.op == ">=" else value > self.limit
-        return 0.0 if met else max(over, 1e-12)
+        met = {"<=": value <= self.limit, "<": value < self.limit,
+               ">=": value >= self.limit, ">": value > self.limit}[self.op]
+        return 0.0 if met else max(self.signed(value), 1e-12)
 
 
 def cell_id(cell: Mapping[str, Any]) -> str:
@@ -100,37 +111,39 @@ def parse_slo(spec: str) -> list[SloTerm]:
     return terms
 
 
-def check_known(terms: Iterable[SloTerm], attrs_list: Iterable[Mapping[str, Any]]) -> None:
+def check_known(terms: Iterable[SloTerm], trials: Iterable[Measured]) -> None:
     """Refuse metrics and cells that no trial recorded (typos would otherwise select nothing)."""
     agg: set[str] = set()
     per_cell: dict[str, set[str]] = {}
-    for attrs in attrs_list:
-        agg.update((attrs.get("metrics") or {}).keys())
-        for c in attrs.get("cells") or []:
+    for trial in trials:
+        agg.update(trial.metrics.keys())
+        for c in trial.cells:
             per_cell.setdefault(cell_id(c.get("cell", {})), set()).update((c.get("metrics") or {}).keys())
     for term in terms:
         if term.cell is None:
             known = agg
         elif term.cell not in per_cell:
-            raise UsageError(f"unknown cell {term.cell!r} in --slo (known: {', '.join(sorted(per_cell)) or 'none'})")
+            raise UsageError(f"unknown cell {term.cell!r} in --slo (known: "
+                             f"{', '.join(sorted(per_cell)) or 'none'})")
         else:
             known = per_cell[term.cell]
         if term.metric not in known:
-            raise UsageError(f"unknown SLO metric {term.metric!r} (known: {', '.join(sorted(known)) or 'none recorded'})")
+            raise UsageError(f"unknown SLO metric {term.metric!r} (known: "
+                             f"{', '.join(sorted(known)) or 'none recorded'})")
 
 
-def term_value(term: SloTerm, attrs: Mapping[str, Any]) -> float | None:
-    """The value a trial (its user_attrs) has for the term's metric, or None."""
+def term_value(term: SloTerm, trial: Measured) -> float | None:
+    """The value a trial has for the term's metric (its aggregate, or one cell's), or None."""
     if term.cell is None:
-        value = (attrs.get("metrics") or {}).get(term.metric)
+        value = trial.metrics.get(term.metric)
     else:
         value = None
-        for c in attrs.get("cells") or []:
+        for c in trial.cells:
             if cell_id(c.get("cell", {})) == term.cell:
                 value = (c.get("metrics") or {}).get(term.metric)
     return float(value) if isinstance(value, (int, float)) else None
 
 
-def total_violation(terms: Iterable[SloTerm], attrs: Mapping[str, Any]) -> float:
+def total_violation(terms: Iterable[SloTerm], trial: Measured) -> float:
     """Sum of relative violations: 0 means every term is met."""
-    return sum(t.violation(term_value(t, attrs)) for t in terms)
+    return sum(t.violation(term_value(t, trial)) for t in terms)

@@ -1,0 +1,42 @@
+"""Create a study, or reopen it after checking it was made with the same space and goals.
+
+Why refuse a mismatch: trials sampled from two spaces or judged by two sets of objectives in one
+study make its Pareto set meaningless, and the sampler would learn from both.
+"""
+
+from __future__ import annotations
+
+import optuna
+
+from tuner import __version__
+from tuner.errors import UsageError
+from tuner.search.objectives import Objective
+from tuner.study.record import StudyInfo, write_study_info
+from tuner.trial.context import TrialContext
+
+
+def create_or_load(name: str, storage: optuna.storages.BaseStorage, ctx: TrialContext,
+                   objectives: list[Objective], sampler: optuna.samplers.BaseSampler,
+                   gpu_desc: str) -> optuna.Study:
+    """The study `name`, created with this context's record if it is new."""
+    study = optuna.create_study(study_name=name, storage=storage, sampler=sampler,
+                                directions=[o.direction for o in objectives], load_if_exists=True)
+    stored = StudyInfo.of(study)
+    fp = ctx.space.fingerprint()
+    if stored.fingerprint not in (None, fp):
+        raise UsageError(f"study '{name}' exists with a different search space "
+                         f"({stored.space_file}); use another --study name")
+    labels = [o.label for o in objectives]
+    if stored.objectives and list(stored.objectives) != labels:
+        raise UsageError(f"study '{name}' exists with objectives {list(stored.objectives)}; "
+                         "use the same objectives or another --study name")
+    if stored.fingerprint is None:
+        space = ctx.space
+        write_study_info(study, StudyInfo(
+            space=space.name, space_file=str(space.path), workload=ctx.workload.name,
+            model=ctx.model_dir, gpu=gpu_desc, simulated=ctx.simulate is not None,
+            objectives=labels, slo=dict(ctx.workload.slo or {}), tuner_version=__version__,
+            flag_params={p.name: p.flag for p in space.parameters if p.flag},
+            env_params={p.name: p.env for p in space.parameters if p.env},
+            launch_command=list(space.server.command), fingerprint=fp))
+    return study

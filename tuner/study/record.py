@@ -1,0 +1,274 @@
+"""The trial and study record: every attribute the tuner keeps in Optuna, typed, in one place.
+
+Why one module: the record is the contract between the trial loop, selection, the report, the
+dashboard and studies written by earlier runs.  Attribute names spread over many modules drift
+(two feasibility rules that disagreed were the result), so this is the only module that reads
+or writes Optuna's user attributes by name; everything else works with `TrialRecord` and
+`StudyInfo`.  Optuna keeps user attributes as JSON, so the record is plain data.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import TYPE_CHECKING, Any
+
+import optuna
+from optuna.trial import FrozenTrial, TrialState
+
+if TYPE_CHECKING:
+    from tuner.trial.result import TrialResult
+
+MEASURED_OUTCOMES = ("ok", "slo")
+DEFAULT_MARK = {"is_default": True}     # user_attrs of the enqueued server-default trial
+_WORKER = "worker"
+_CACHED_FROM = "cached_from"
+_ABLATION = "ablation"
+_BOUNDS = "bounds"
+_FINGERPRINT = "space_fingerprint"
+_GRID_SEED = "grid_seed"
+
+
+class Stage(str, Enum):
+    """How far a config got: skipped before launch, screening cells only, or the full matrix."""
+
+    PRESCREEN = "prescreen"
+    SCREEN = "screen"
+    FULL = "full"
+
+
+@dataclass(frozen=True)
+class TrialRecord:
+    """What one trial saw, as stored: outcome, stage, metrics, cells, memory, provenance."""
+
+    number: int
+    state: TrialState
+    values: tuple[float, ...] | None
+    constraints: Mapping[str, float]
+    params: Mapping[str, Any]
+    outcome: str
+    reason: str = ""
+    stage: Stage = Stage.FULL
+    metrics: Mapping[str, float] = field(default_factory=dict)
+    screen_metrics: Mapping[str, float] | None = None
+    cells: Sequence[Mapping[str, Any]] = ()
+    argv: Sequence[str] = ()
+    env: Mapping[str, str] = field(default_factory=dict)
+    memory: Mapping[str, Any] | None = None     # the estimate's parts (trial.prescreen)
+    predicted_peak_bytes: int | None = None
+    capacity_bytes: int | None = None
+    idle_bytes: int | None = None
+    peak_bytes: int | None = None
+    repeats: Sequence[Mapping[str, float]] | None = None
+    cached_from: int | None = None
+    is_default: bool = False
+    worker: str | None = None
+    config_key: str | None = None
+    sim_seconds: float | None = None
+
+    @classmethod
+    def of(cls, t: FrozenTrial) -> TrialRecord:
+        a = t.user_attrs
+        default = "ok" if t.state == TrialState.COMPLETE else t.state.name.lower()
+        return cls(
+            number=t.number, state=t.state,
+            values=tuple(t.values) if t.values is not None else None,
+            constraints=dict(t.constraints), params=dict(t.params),
+            outcome=str(a.get("outcome", default)), reason=str(a.get("reason", "")),
+            stage=Stage(a.get("stage", Stage.FULL.value)), metrics=a.get("metrics") or {},
+            screen_metrics=a.get("screen_metrics"), cells=a.get("cells") or [],
+            argv=[str(x) for x in a.get("argv") or []],
+            env={str(k): str(v) for k, v in (a.get("env") or {}).items()},
+            memory=a.get("memory_estimate"), predicted_peak_bytes=_int(a, "predicted_peak_bytes"),
+            capacity_bytes=_int(a, "capacity_bytes"), idle_bytes=_int(a, "idle_bytes"),
+            peak_bytes=_int(a, "peak_bytes"), repeats=a.get("repeats"),
+            cached_from=_int(a, _CACHED_FROM), is_default=bool(a.get("is_default")),
+            worker=a.get(_WORKER), config_key=a.get("config_key"),
+            sim_seconds=a.get("sim_seconds"))
+
+    @property
+    def measured(self) -> bool:
+        """COMPLETE with values the server produced (ok or slo), not worst-case stand-ins."""
+        return (self.state == TrialState.COMPLETE and self.values is not None
+                and self.outcome in MEASURED_OUTCOMES)
+
+    @property
+    def feasible(self) -> bool:
+        """The one feasibility rule: COMPLETE, every constraint met, the server ran ok, and the
+        values were measured on the full matrix (a screened-out config carries estimates)."""
+        return (self.state == TrialState.COMPLETE and self.values is not None
+                and self.outcome == "ok" and self.stage == Stage.FULL
+                and all(v <= 0 for v in self.constraints.values()))
+
+    @property
+    def original(self) -> bool:
+        """Ran a server itself, rather than copying the result of an identical config."""
+        return self.cached_from is None
+
+
+def _int(attrs: Mapping[str, Any], key: str) -> int | None:
+    v = attrs.get(key)
+    return int(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
+
+
+def config_key(params: Mapping[str, Any]) -> str:
+    """A config's identity: equal params, equal key (to copy instead of re-running it)."""
+    return hashlib.sha256(repr(sorted(params.items())).encode()).hexdigest()[:16]
+
+
+def params_of(t: FrozenTrial) -> dict[str, Any]:
+    """The config of any trial, a queued one (fixed params, not sampled yet) included."""
+    return dict(t.params or t.system_attrs.get("fixed_params") or {})
+
+
+def enqueued_keys(study: optuna.Study) -> set[str]:
+    """Config keys of every trial the study holds, whatever its state."""
+    return {config_key(params_of(t)) for t in study.get_trials(deepcopy=False)}
+
+
+def completed_with_key(study: optuna.Study, key: str) -> FrozenTrial | None:
+    """A COMPLETE trial that ran `key` itself (not a copy), if any."""
+    for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
+        if t.user_attrs.get("config_key") == key and _CACHED_FROM not in t.user_attrs:
+            return t
+    return None
+
+
+def records(study: optuna.Study, states: Sequence[TrialState] | None = None) -> list[TrialRecord]:
+    """Every trial of the study (or those in `states`) as records, in trial-number order."""
+    trials = study.get_trials(deepcopy=False, states=tuple(states) if states else None)
+    return [TrialRecord.of(t) for t in trials]
+
+
+def is_feasible(t: FrozenTrial) -> bool:
+    return TrialRecord.of(t).feasible
+
+
+def is_measured(t: FrozenTrial) -> bool:
+    return TrialRecord.of(t).measured
+
+
+def outcome_of(t: FrozenTrial) -> str:
+    return TrialRecord.of(t).outcome
+
+
+def write_trial(trial: optuna.Trial, attrs: Mapping[str, Any]) -> None:
+    """Store a finished trial's fields (see `TrialRecord`); None values are left out."""
+    for key, value in attrs.items():
+        if value is not None:
+            trial.set_user_attr(key, value.value if isinstance(value, Enum) else value)
+
+
+def write_result(trial: optuna.Trial, result: TrialResult, outcome: str) -> None:
+    """Store a trial's result under the record's names; `outcome` may differ from the run's
+    (a run that missed an SLO is stored as "slo")."""
+    write_trial(trial, {
+        "outcome": outcome, "reason": result.outcome.reason, "metrics": result.metrics,
+        "cells": result.cells, "argv": result.argv, "env": result.env,
+        "wall_s": round(result.wall_s, 3), "stage": result.stage,
+        "idle_bytes": result.idle_bytes, "peak_bytes": result.peak_bytes,
+        "sim_seconds": result.sim_seconds, "memory_estimate": result.memory,
+        "predicted_peak_bytes": result.predicted_peak_bytes,
+        "capacity_bytes": result.capacity_bytes, "screen_metrics": result.screen_metrics,
+        "estimated": result.estimated or None, "cell_order": result.cell_order,
+        "repeats": result.repeats, "first_run_metrics": result.first_run_metrics})
+
+
+def claim(trial: optuna.Trial, worker: str) -> None:
+    """Put the worker's name on a trial first thing: recovery finds dead workers by it."""
+    trial.set_user_attr(_WORKER, worker)
+
+
+def worker_of(t: FrozenTrial) -> str | None:
+    return t.user_attrs.get(_WORKER)
+
+
+def set_provenance(trial: optuna.Trial, *, config_key: str | None = None,
+                   trial_dir: str | None = None) -> None:
+    write_trial(trial, {"config_key": config_key, "trial_dir": trial_dir})
+
+
+def copy_result(trial: optuna.Trial, done: FrozenTrial) -> None:
+    """Make `trial` a copy of `done` (same config proposed again): its record minus who ran it.
+
+    The copy never inherits `is_default`: only the enqueued default is the default.
+    """
+    for name, value in done.constraints.items():
+        trial.set_constraint(name, value)
+    skip = (_WORKER, "config_key", "trial_dir", "wall_s", "is_default")
+    write_trial(trial, {k: v for k, v in done.user_attrs.items() if k not in skip})
+    trial.set_user_attr(_CACHED_FROM, done.number)
+
+
+def mark_interrupted(storage: optuna.storages.BaseStorage, t: FrozenTrial) -> None:
+    storage.set_trial_user_attr(t._trial_id, "outcome", "interrupted")  # noqa: SLF001
+
+
+def retry_mark(number: int) -> dict[str, Any]:
+    return {"retry_of": number}
+
+
+@dataclass(frozen=True)
+class StudyInfo:
+    """What a study was made with, written once when it is created (see `write_study_info`)."""
+
+    space: str | None = None
+    space_file: str | None = None
+    workload: str | None = None
+    model: str | None = None
+    gpu: str | None = None
+    simulated: bool = False
+    objectives: Sequence[str] = ()
+    slo: Mapping[str, float] = field(default_factory=dict)
+    tuner_version: str | None = None
+    flag_params: Mapping[str, str] | None = None
+    env_params: Mapping[str, str] | None = None
+    launch_command: Sequence[str] = ()
+    fingerprint: str | None = None
+    bounds: Mapping[str, Sequence[float]] | None = None
+    ablation: Mapping[str, Any] | None = None
+
+    @classmethod
+    def of(cls, study: optuna.Study) -> StudyInfo:
+        a = study.user_attrs
+        return cls(space=a.get("space"), space_file=a.get("space_file"),
+                   workload=a.get("workload"), model=a.get("model"), gpu=a.get("gpu"),
+                   simulated=bool(a.get("simulated", False)),
+                   objectives=[str(o) for o in a.get("objectives") or []],
+                   slo=a.get("slo") or {}, tuner_version=a.get("tuner_version"),
+                   flag_params=_mapping(a.get("flag_params")),
+                   env_params=_mapping(a.get("env_params")),
+                   launch_command=a.get("launch_command") or [], fingerprint=a.get(_FINGERPRINT),
+                   bounds=a.get(_BOUNDS), ablation=_mapping(a.get(_ABLATION)))
+
+
+def _mapping(v: Any) -> Mapping[str, Any] | None:
+    return v if isinstance(v, dict) else None
+
+
+def write_study_info(study: optuna.Study, info: StudyInfo) -> None:
+    """Store `info`; the fingerprint goes last, so it marks a complete record."""
+    skip = ("fingerprint", "bounds", "ablation")
+    for key, value in vars(info).items():
+        if key not in skip:
+            study.set_user_attr(key, value)
+    study.set_user_attr(_FINGERPRINT, info.fingerprint)
+
+
+def set_bounds(study: optuna.Study, bounds: Mapping[str, Sequence[float]]) -> None:
+    """The resolved `high: auto` bounds, kept from the first run for the record."""
+    if _BOUNDS not in study.user_attrs:
+        study.set_user_attr(_BOUNDS, dict(bounds))
+
+
+def grid_seed(study: optuna.Study, seed: int) -> int:
+    """The seed of the study's grid order: the first run's, kept for every resume."""
+    if _GRID_SEED not in study.user_attrs:
+        study.set_user_attr(_GRID_SEED, seed)
+    return int(study.user_attrs[_GRID_SEED])
+
+
+def set_ablation(study: optuna.Study, ablation: Mapping[str, Any]) -> None:
+    study.set_user_attr(_ABLATION, dict(ablation))
