@@ -61,7 +61,8 @@ from tuner.trial.pipeline import AdaptivePipeline  # noqa: E402
 from tuner.sim import SimCellResult, StartupFailure, simulate  # noqa: E402
 from tuner.sim.profiles import get_profile  # noqa: E402
 from tuner.trial.inprocess import InProcessRunner  # noqa: E402
-from tuner.search.space import SearchSpace, load_space  # noqa: E402
+from tuner.search.space import SearchSpace  # noqa: E402
+from tuner.search.space_file import load_space  # noqa: E402
 from tuner.trial.stages import stress_order  # noqa: E402
 from tuner.study.objective import TrialObjective, counted  # noqa: E402
 from tuner.study.sampler import make_sampler  # noqa: E402

@@ -21,7 +21,8 @@ import optuna
 from tuner.server.memcap import memory_cap
 from tuner.server.gpu import read_gpu
 from tuner.output.select import choose
-from tuner.search.space import SearchSpace, load_space
+from tuner.search.space import SearchSpace
+from tuner.search.space_file import load_space
 from tuner.trial.context import TrialContext
 from tuner.trial.run import run_trial
 from tuner.search.workload import load_workload

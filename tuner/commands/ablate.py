@@ -23,7 +23,7 @@ from tuner.server.gpu import read_gpu
 from tuner.search.model import load_model_info
 from tuner.paths import shipped
 from tuner.output.select import study_objectives
-from tuner.search.space import load_space
+from tuner.search.space_file import load_space
 from tuner.trial.context import TrialContext
 from tuner.search.workload import load_workload
 

@@ -15,7 +15,8 @@ from typing import Any
 
 from tuner.errors import UsageError
 from tuner.paths import shipped
-from tuner.search.space import Param, SearchSpace, load_space
+from tuner.search.space import Param, SearchSpace
+from tuner.search.space_file import load_space
 
 DEFAULT_DIR = "search_spaces"
 

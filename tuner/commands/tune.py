@@ -31,7 +31,8 @@ from tuner.paths import shipped
 from tuner.search.bounds import resolve_space, resolved_bounds
 from tuner.search.model import ModelInfo, load_model_info
 from tuner.search.objectives import DEFAULT_OBJECTIVES, Objective, check_metric, parse_objectives
-from tuner.search.space import SearchSpace, load_space
+from tuner.search.space import SearchSpace
+from tuner.search.space_file import load_space
 from tuner.search.workload import load_workload
 from tuner.server import preflight
 from tuner.server.gpu import GpuState, read_gpu

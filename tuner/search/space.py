@@ -3,7 +3,8 @@
 A space declares the launch command, the health path, each knob's range and whether it travels
 as a command-line flag or an environment variable, and the log patterns that tell an OOM from a
 crash.  Adding a server is one YAML file; nothing here knows about a particular server.  The
-format is documented in docs/architecture.md and docs/targets.md.
+format is documented in docs/architecture.md and docs/targets.md; `tuner.search.space_file`
+loads and validates it into the types here.
 """
 
 from __future__ import annotations
@@ -16,19 +17,11 @@ from pathlib import Path
 from typing import Any
 
 import optuna
-import yaml
 
 from tuner.errors import UsageError
 
-PARAM_TYPES = ("int", "float", "categorical", "bool")
 FAILURE_CLASSES = ("oom", "startup", "unhealthy", "crash")
-_PARAM_KEYS = {"type", "low", "high", "step", "log", "choices", "flag", "env", "default",
-               "true_value", "false_value", "help", "role", "divide_by"}
 AUTO = "auto"  # `high: auto`: the bound is computed from the model and GPU (tuner.search.bounds)
-_TOP_KEYS = {"name", "description", "server", "fixed_flags", "fixed_env", "parameters",
-             "failure_patterns"}
-_SERVER_KEYS = {"command", "simulator", "health_path", "startup_timeout_s", "api",
-                "request_extra", "warmup_before_health", "model_name", "memory_cap"}
 
 
 @dataclass(frozen=True)
@@ -210,137 +203,6 @@ def _fill(template: str, subst: dict[str, str], path: Path) -> str:
                          f"(known: {', '.join(sorted(subst))})") from None
 
 
-def _require(cond: bool, path: Path, key: str, msg: str) -> None:
-    if not cond:
-        raise UsageError(f"{path}: {key}: {msg}")
-
-
-def _parse_param(path: Path, name: str, spec: Any) -> Param:
-    key = f"parameters.{name}"
-    _require(isinstance(spec, dict), path, key, "must be a mapping")
-    unknown = set(spec) - _PARAM_KEYS
-    _require(not unknown, path, key, f"unknown key(s) {sorted(unknown)}")
-    ptype = spec.get("type")
-    _require(ptype in PARAM_TYPES, path, f"{key}.type",
-             f"unknown parameter type {ptype!r} (expected one of {', '.join(PARAM_TYPES)})")
-    _require(("flag" in spec) != ("env" in spec), path, key,
-             "needs exactly one of 'flag' or 'env'")
-    if "flag" in spec:
-        _require(isinstance(spec["flag"], str) and spec["flag"].startswith("-"), path,
-                 f"{key}.flag", "must be a string starting with '-'")
-    else:
-        _require(isinstance(spec["env"], str) and spec["env"].replace("_", "").isalnum(),
-                 path, f"{key}.env", "must be an environment variable name")
-    kw: dict[str, Any] = {"name": name, "type": ptype, "flag": spec.get("flag"),
-                          "env": spec.get("env"), "default": spec.get("default"),
-                          "help": str(spec.get("help", "")), "role": spec.get("role"),
-                          "divide_by": spec.get("divide_by")}
-    _require(kw["role"] is None or isinstance(kw["role"], str), path, f"{key}.role", "must be a string")
-    _require(kw["divide_by"] is None or ptype == "int" and isinstance(kw["divide_by"], str), path,
-             f"{key}.divide_by", "must name another parameter, on an int parameter")
-    if ptype in ("int", "float"):
-        auto = spec.get("high") == AUTO
-        _require(not auto or ptype == "int", path, f"{key}.high", "'auto' is for int parameters")
-        for bound in ("low",) if auto else ("low", "high"):
-            _require(isinstance(spec.get(bound), (int, float)) and not isinstance(spec.get(bound), bool),
-                     path, f"{key}.{bound}", "must be a number" + ("" if bound == "low" else " or 'auto'"))
-        _require(auto or spec["low"] <= spec["high"], path, key,
-                 f"low ({spec['low']}) is greater than high ({spec.get('high')})")
-        log = bool(spec.get("log", False))
-        _require(not log or spec["low"] > 0, path, f"{key}.low", "must be > 0 with log: true")
-        step = spec.get("step")
-        _require(step is None or (isinstance(step, (int, float)) and step > 0), path,
-                 f"{key}.step", "must be a positive number")
-        _require(not (log and step not in (None, 1)), path, key, "log and step cannot be combined")
-        if ptype == "int":
-            _require(float(spec["low"]).is_integer() and (auto or float(spec["high"]).is_integer()),
-                     path, key, "int bounds must be integers")
-        kw.update(low=spec["low"], high=None if auto else spec["high"], step=step, log=log,
-                  high_auto=auto)
-    elif ptype == "categorical":
-        choices = spec.get("choices")
-        _require(isinstance(choices, list) and len(choices) > 0, path, f"{key}.choices",
-                 "must be a non-empty list")
-        _require(len(set(map(str, choices))) == len(choices), path, f"{key}.choices",
-                 "has duplicates")
-        kw["choices"] = tuple(choices)
-        _require(kw["default"] is None or kw["default"] in choices, path, f"{key}.default",
-                 f"{kw['default']!r} is not one of the choices")
-    else:
-        kw["true_value"] = str(spec.get("true_value", "1"))
-        kw["false_value"] = str(spec.get("false_value", "0"))
-    if kw["env"] is not None:
-        values = [*map(str, kw.get("choices", ())), kw.get("true_value", ""), kw.get("false_value", "")]
-        _require(not any(_has_newline(v) for v in values), path, key,
-                 f"a value of environment variable {kw['env']} contains a newline")
-    return Param(**kw)
-
-
 def _has_newline(value: str) -> bool:
     """An environment value that cannot be passed on: env files and `export` lines break."""
     return "\n" in value or "\r" in value or "\0" in value
-
-
-def load_space(path: str | Path) -> SearchSpace:
-    """Load and validate a search-space file; every error names the file and the key."""
-    path = Path(path)
-    if not path.is_file():
-        raise UsageError(f"search space file not found: {path}")
-    try:
-        raw = yaml.safe_load(path.read_text())
-    except yaml.YAMLError as exc:
-        raise UsageError(f"{path}: malformed YAML: {str(exc).splitlines()[0]}") from None
-    _require(isinstance(raw, dict), path, "<top>", "must be a mapping")
-    unknown = set(raw) - _TOP_KEYS
-    _require(not unknown, path, "<top>", f"unknown key(s) {sorted(unknown)}")
-    for key in ("name", "server", "parameters"):
-        _require(key in raw, path, key, "missing")
-    server = raw["server"]
-    _require(isinstance(server, dict), path, "server", "must be a mapping")
-    unknown = set(server) - _SERVER_KEYS
-    _require(not unknown, path, "server", f"unknown key(s) {sorted(unknown)}")
-    for key in ("command", "simulator"):
-        val = server.get(key)
-        _require(val is None and key == "simulator" or
-                 isinstance(val, list) and val and all(isinstance(a, str) for a in val),
-                 path, f"server.{key}", "must be a non-empty list of strings")
-    _require(server.get("api", "chat") in ("chat", "completions"), path, "server.api",
-             "must be 'chat' or 'completions'")
-    _require(server.get("memory_cap", "ballast") in ("ballast", "env"), path, "server.memory_cap",
-             "must be 'ballast' (tuner holds the card above --gpu-memory-cap) or 'env' (the "
-             "server caps itself at TUNER_GPU_MEMORY_CAP_GIB)")
-    params = raw["parameters"]
-    _require(isinstance(params, dict) and params, path, "parameters", "must be a non-empty mapping")
-    parsed = tuple(_parse_param(path, str(n), s) for n, s in params.items())
-    names = {p.name for p in parsed}
-    for p in parsed:
-        _require(p.divide_by is None or p.divide_by in names and p.divide_by != p.name, path,
-                 f"parameters.{p.name}.divide_by", f"{p.divide_by!r} is not another parameter")
-    patterns = raw.get("failure_patterns") or {}
-    _require(isinstance(patterns, dict) and set(patterns) <= set(FAILURE_CLASSES), path,
-             "failure_patterns", f"keys must be among {', '.join(FAILURE_CLASSES)}")
-    fixed_env = raw.get("fixed_env") or {}
-    _require(isinstance(fixed_env, dict), path, "fixed_env", "must be a mapping")
-    for env_key, env_value in fixed_env.items():
-        _require(not _has_newline(str(env_value)), path, f"fixed_env.{env_key}",
-                 "environment value contains a newline")
-    fixed_flags = raw.get("fixed_flags") or []
-    _require(isinstance(fixed_flags, list), path, "fixed_flags", "must be a list")
-    return SearchSpace(
-        name=str(raw["name"]), path=path, description=str(raw.get("description", "")),
-        server=ServerSpec(
-            command=tuple(server["command"]),
-            simulator=tuple(server["simulator"]) if server.get("simulator") else None,
-            health_path=str(server.get("health_path", "/health")),
-            startup_timeout_s=float(server.get("startup_timeout_s", 600)),
-            api=str(server.get("api", "chat")),
-            request_extra=dict(server.get("request_extra") or {}),
-            warmup_before_health=bool(server.get("warmup_before_health", False)),
-            model_name=server.get("model_name"),
-            memory_cap=str(server.get("memory_cap", "ballast"))),
-        fixed_flags=tuple(str(a) for a in fixed_flags),
-        fixed_env={str(k): str(v) for k, v in fixed_env.items()},
-        parameters=parsed,
-        failure_patterns={k: tuple(v or ()) for k, v in patterns.items()},
-        raw=raw,
-    )

@@ -6,7 +6,7 @@ import json
 
 import yaml
 
-from targets_data import SPACES_DIR
+from tests.targets_data import SPACES_DIR
 from tuner.cli import main
 
 

@@ -19,10 +19,10 @@ from tuner.trial.memory_estimate import estimate, knobs_from_params
 from tuner.search.model import load_model_info
 from tuner.study.record import records
 from tuner.trial.prescreen import decide
-from tuner.search.space import load_space
+from tuner.search.space_file import load_space
 from tuner.search.workload import load_workload
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 RESULTS = ROOT / "benchmarks" / "results"

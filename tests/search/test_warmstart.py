@@ -12,13 +12,13 @@ from tuner.search.model import load_model_info
 from tuner.search.objectives import parse_objectives
 from tuner.trial.pipeline import AdaptivePipeline
 from tuner.trial.inprocess import InProcessRunner
-from tuner.search.space import load_space
+from tuner.search.space_file import load_space
 from tuner.study.objective import TrialObjective
 from tuner.trial.context import TrialContext
 from tuner.search.warmstart import clip_to_space, enqueue, load_seed_config, pareto_configs
 from tuner.search.workload import Workload
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 MODEL = str(ROOT / "models" / "llama-3.1-8b")
 M8B = load_model_info(MODEL)
 CELLS = (Cell(4, 4096, 64, 4), Cell(16, 256, 64, 16))

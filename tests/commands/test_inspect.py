@@ -18,7 +18,7 @@ from tests.fakestudy import make_study_dir, run_cli
 from tuner.commands import inspect as inspect_cmd
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture

@@ -16,7 +16,7 @@ from tuner.errors import UsageError
 from tuner.server.gpu import GpuState, wait_until_free
 from tuner.server.process import processes_matching
 from tuner.paths import REPO_ROOT
-from tuner.search.space import load_space
+from tuner.search.space_file import load_space
 
 GIB = 2**30
 INFINILM = load_space(REPO_ROOT / "search_spaces" / "infinilm.yaml")

@@ -13,10 +13,10 @@ from pathlib import Path
 import optuna
 import pytest
 
-from targets_data import SPACES_DIR
+from tests.targets_data import SPACES_DIR
 from tuner.search.bounds import resolve_space
 from tuner.search.model import load_model_info
-from tuner.search.space import load_space
+from tuner.search.space_file import load_space
 
 KW = {"model": "/models/llama", "host": "127.0.0.1", "port": 8123, "max_output_len": 256}
 PY = sys.executable
@@ -97,7 +97,7 @@ def test_infinilm_renders_exact_argv_and_seed_env():
 def test_sampled_configs_render_every_knob_once_in_range(name):
     space = _space(name)
     if any(p.high_auto for p in space.parameters):  # infinilm: KV capacity sized for a 24 GiB card
-        model = load_model_info(Path(__file__).resolve().parents[1] / "models" / "llama-3.1-8b")
+        model = load_model_info(Path(__file__).resolve().parents[2] / "models" / "llama-3.1-8b")
         space = resolve_space(space, model, 24 * 2**30, [])
     dists = space.distributions()
     study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=0))

@@ -11,9 +11,9 @@ import re
 
 import pytest
 
-from targets_data import SPACES_DIR
+from tests.targets_data import SPACES_DIR
 from tuner.server.outcome import Evidence, classify
-from tuner.search.space import load_space
+from tuner.search.space_file import load_space
 
 CASES = [
     # space, log line, became_healthy, exit_code, expected outcome

@@ -5,7 +5,7 @@ import csv
 import json
 
 import pytest
-from bench_fakeserver import Behaviour, FakeServer
+from tests.bench_fakeserver import Behaviour, FakeServer
 
 from tuner.commands import bench
 from tuner.errors import UsageError

@@ -6,9 +6,9 @@ import optuna
 import pytest
 
 from tuner.errors import UsageError
-from tuner.search.space import load_space
+from tuner.search.space_file import load_space
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 GOOD = """
 name: t
 server: {command: ["srv", "--model", "{model}", "--port", "{port}"]}

@@ -14,12 +14,12 @@ import pytest
 from tuner.bench.records import Cell
 from tuner.cli import main
 from tuner.server.process import port_is_free, processes_matching
-from tuner.search.space import load_space
+from tuner.search.space_file import load_space
 from tuner.trial.context import TrialContext
 from tuner.trial.run import run_trial
 from tuner.search.workload import load_workload
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 MODEL = str(ROOT / "models" / "llama-3.1-8b")
 SPACE = ROOT / "search_spaces" / "infinilm.yaml"
 QUICK = ROOT / "studies" / "quick.yaml"

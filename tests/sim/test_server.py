@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import requests
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 MODEL = str(ROOT / "models" / "llama-3.1-8b")
 
 

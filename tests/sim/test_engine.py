@@ -16,7 +16,7 @@ from tuner.sim.config import parse_config
 from tuner.sim.engine import Engine
 from tuner.sim.profiles import get_profile
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 MODEL = str(ROOT / "models" / "llama-3.1-8b")
 INFO = load_model_info(MODEL)
 GPU = get_profile("rtx4090")

@@ -9,9 +9,9 @@ from tuner.search.bounds import parse_size, resolve_space
 from tuner.errors import UsageError
 from tuner.trial.memory_estimate import Knobs, act_bytes_per_token, cell_forward_bytes, estimate, knobs_from_params
 from tuner.search.model import load_model_info
-from tuner.search.space import load_space
+from tuner.search.space_file import load_space
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 M8B = load_model_info(ROOT / "models" / "llama-3.1-8b")
 SPACE = load_space(ROOT / "search_spaces" / "infinilm.yaml")
 CELLS = (Cell(4, 4096, 1024, 8), Cell(64, 256, 256, 64))

@@ -8,7 +8,7 @@ import pytest
 from tuner.errors import UsageError
 from tuner.search.model import load_model_info
 
-MODELS = Path(__file__).resolve().parent.parent / "models"
+MODELS = Path(__file__).resolve().parents[2] / "models"
 
 
 @pytest.mark.parametrize("name, billions", [

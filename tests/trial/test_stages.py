@@ -13,7 +13,7 @@ from tuner.search.objectives import parse_objectives
 from tuner.trial.stages import MIN_FULL_TRIALS, screen_verdict, stress_order
 from tuner.study.pareto import dominates
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 M8B = load_model_info(ROOT / "models" / "llama-3.1-8b")
 OBJ = parse_objectives(["max output_throughput", "min p99_tpot_ms"])
 

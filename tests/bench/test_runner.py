@@ -3,7 +3,7 @@
 import time
 
 import pytest
-from bench_fakeserver import Behaviour, FakeServer
+from tests.bench_fakeserver import Behaviour, FakeServer
 
 from tuner.bench.records import Cell, Warmup
 from tuner.bench.runner import run_cells

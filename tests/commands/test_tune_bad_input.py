@@ -202,7 +202,7 @@ def _tree(root: Path) -> dict[str, str]:
 
 def test_existing_study_with_a_different_search_space(tmp_path, capsys):
     from tuner.search.objectives import parse_objectives
-    from tuner.search.space import load_space
+    from tuner.search.space_file import load_space
     from tuner.study.create import create_or_load
     from tuner.study.storage import open_storage
     from tuner.trial.context import TrialContext

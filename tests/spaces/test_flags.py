@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 import yaml
 
-from targets_data import FLAGS_DIR, SPACE_FLAG_FILES, SPACES_DIR, header, recorded
+from tests.targets_data import FLAGS_DIR, SPACE_FLAG_FILES, SPACES_DIR, header, recorded
 from tuner.server.launchers.transformers_serve import CB_FIELDS, CB_PREFIX
 
 SEED_ENV = {"INFINILM_PREFILL_BATCH_CAP", "INFINILM_DECODE_BATCH_CAP",

@@ -9,7 +9,7 @@ from optuna.trial import TrialState
 from tuner.cli import main
 from tuner.paths import REPO_ROOT
 from tuner.search.grid import grid_configs
-from tuner.search.space import load_space
+from tuner.search.space_file import load_space
 from tuner.study.record import config_key, records
 
 WORKLOAD = """\
