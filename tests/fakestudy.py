@@ -14,6 +14,15 @@ from typing import Any
 import optuna
 from optuna.distributions import CategoricalDistribution, IntDistribution
 
+# One short cell: a trial on the simulator in about a second (resume and grid tests)
+TINY_WORKLOAD = """\
+name: tiny
+seed: 0
+warmup: null
+cells:
+  - {concurrency: 2, input_len: 64, output_len: 8, num_prompts: 2}
+objectives: ["max output_throughput"]
+"""
 OBJECTIVES = ["max output_throughput", "min p99_ttft_ms", "min p99_tpot_ms"]
 DIRECTIONS = ["maximize", "minimize", "minimize"]
 SLO = {"p99_ttft_ms": 2000.0, "p99_tpot_ms": 50.0}

@@ -6,20 +6,13 @@ import optuna
 import pytest
 from optuna.trial import TrialState
 
+from tests.fakestudy import TINY_WORKLOAD
 from tuner.cli import main
 from tuner.paths import REPO_ROOT
 from tuner.search.grid import grid_configs
 from tuner.search.space_file import load_space
 from tuner.study.record import config_key, records
 
-WORKLOAD = """\
-name: tiny
-seed: 0
-warmup: null
-cells:
-  - {concurrency: 2, input_len: 64, output_len: 8, num_prompts: 2}
-objectives: ["max output_throughput"]
-"""
 # Two knobs with a default, one of them off its 3-point axis: 3 x 4 = 12 points with the default
 # enqueued (its value joins the axis), 3 x 3 = 9 without.
 SPACE = """\
@@ -38,7 +31,7 @@ parameters:
 
 @pytest.fixture
 def argv(tmp_path):
-    (tmp_path / "w.yaml").write_text(WORKLOAD)
+    (tmp_path / "w.yaml").write_text(TINY_WORKLOAD)
     (tmp_path / "s.yaml").write_text(SPACE)
     return ["tune", "--model", str(REPO_ROOT / "models" / "llama-3.2-1b"), "--simulate",
             "rtx4090", "--workload", str(tmp_path / "w.yaml"), "--space", str(tmp_path / "s.yaml"),

@@ -6,24 +6,17 @@ from __future__ import annotations
 import optuna
 from optuna.trial import TrialState
 
+from tests.fakestudy import TINY_WORKLOAD
 from tuner.cli import main
 from tuner.paths import REPO_ROOT
 from tuner.study.storage import open_storage
 from tuner.study.sampler import run_seed
 
-WORKLOAD = """\
-name: tiny
-seed: 0
-warmup: null
-cells:
-  - {concurrency: 2, input_len: 64, output_len: 8, num_prompts: 2}
-objectives: ["max output_throughput"]
-"""
 
 
 def test_resume_continues_to_the_new_total_with_new_configs(tmp_path):
     workload = tmp_path / "w.yaml"
-    workload.write_text(WORKLOAD)
+    workload.write_text(TINY_WORKLOAD)
     argv = ["tune", "--model", str(REPO_ROOT / "models" / "llama-3.2-1b"), "--simulate", "rtx4090",
             "--workload", str(workload), "--study", "r", "--studies-dir", str(tmp_path),
             "--sampler", "random", "--time-scale", "100", "--no-export"]
