@@ -59,9 +59,9 @@ def alternatives(p: Param, value: Any, limit: int = 2) -> list[Any]:
         return [not bool(value)]
     if p.type == "categorical":
         return [c for c in p.choices if c != value][:limit]
-    low, high = p.low, p.high
+    low, high = p.bounds
     if p.type == "int":
-        low, high = int(low), int(high)
+        return [x for x in dict.fromkeys((int(low), int(high))) if x != value][:limit]
     return [x for x in dict.fromkeys((low, high)) if x != value][:limit]
 
 

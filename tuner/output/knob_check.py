@@ -13,12 +13,13 @@ and the report points to `tuner ablate`, which settles the question one knob at 
 from __future__ import annotations
 
 import warnings
+from collections.abc import Callable
 from collections import Counter
 from dataclasses import dataclass
 
 import optuna
 from optuna.importance import FanovaImportanceEvaluator, get_param_importances
-from optuna.trial import TrialState
+from optuna.trial import FrozenTrial, TrialState
 
 from tuner.study.record import StudyInfo, TrialRecord
 
@@ -61,12 +62,16 @@ def knob_report(study: optuna.Study, threshold: float = 0.02) -> KnobReport | No
             if len({t.values[i] for t in ok}) < 2:
                 continue
             scores = get_param_importances(shadow, evaluator=FanovaImportanceEvaluator(seed=0),
-                                           params=varying, target=lambda t, i=i: t.values[i])
+                                           params=varying, target=_objective(i))
             for p in varying:
                 importance[p][label] = float(scores.get(p, 0.0))
     no_effect = [p for p in varying if p not in barely
                  and all(v < threshold for v in importance[p].values())]
     return KnobReport(len(ok), importance, no_effect, constant, barely)
+
+
+def _objective(i: int) -> Callable[[FrozenTrial], float]:
+    return lambda t: t.values[i]
 
 
 def describe(report: KnobReport | None, threshold: float = 0.02) -> str:

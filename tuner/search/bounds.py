@@ -48,11 +48,11 @@ def _resolve(p: Param, space: SearchSpace, model: ModelInfo, capacity: int,
     room = kv_room_bytes(model, capacity)
     if p.role == "kv_tokens":
         high = room // model.kv_bytes_per_token
-        low = max(int(p.low), _largest_request(cells))
+        low = max(int(p.low or 0), _largest_request(cells))
     elif p.role == "kv_blocks":
         sizes = [int(c) for c in _block_sizes(space)]
         high = room // (model.kv_bytes_per_token * min(sizes))
-        low = int(p.low)
+        low = int(p.low or 0)
     else:
         raise UsageError(f"{space.path}: parameters.{p.name}: 'high: auto' needs role "
                          "kv_tokens or kv_blocks (the bound comes from GPU memory)")
@@ -89,4 +89,4 @@ def resolve_space(space: SearchSpace, model: ModelInfo, capacity: int | None,
 
 def resolved_bounds(space: SearchSpace) -> dict[str, list[float]]:
     """{name: [low, high]} of the auto-bounded knobs, stored with the study for the record."""
-    return {p.name: [p.low, p.high] for p in space.parameters if p.high_auto}
+    return {p.name: list(p.bounds) for p in space.parameters if p.high_auto}

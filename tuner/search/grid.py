@@ -26,7 +26,7 @@ def axis(p: Param, points: int = DEFAULT_POINTS) -> list[Any]:
         return [False, True]
     if p.type == "categorical":
         return list(p.choices)
-    lo, hi = float(p.low), float(p.high)
+    lo, hi = p.bounds
     if points <= 1 or lo == hi:
         raw = [lo]
     elif p.log:
@@ -37,7 +37,7 @@ def axis(p: Param, points: int = DEFAULT_POINTS) -> list[Any]:
     if p.step:
         raw = [lo + round((v - lo) / p.step) * p.step for v in raw]
     values = [int(round(v)) if p.type == "int" else v for v in raw]
-    values = [min(max(v, p.low), p.high) for v in values]
+    values = [min(max(v, lo), hi) for v in values]
     return sorted(set(values))
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Literal
 
 from tuner.errors import UsageError
 from tuner.search.slo import SloTerm
@@ -43,7 +44,7 @@ class Objective:
     maximize: bool
 
     @property
-    def direction(self) -> str:
+    def direction(self) -> Literal["maximize", "minimize"]:
         return "maximize" if self.maximize else "minimize"
 
     @property

@@ -45,16 +45,22 @@ class Param:
     divide_by: str | None = None   # rendered as value // params[divide_by] (tokens -> blocks)
     high_auto: bool = False        # `high: auto` in the YAML; `high` is None until resolved
 
-    def distribution(self) -> optuna.distributions.BaseDistribution:
-        if self.high is None and self.type in ("int", "float"):
+    @property
+    def bounds(self) -> tuple[float, float]:
+        """(low, high) of a numeric knob, once `high: auto` is resolved."""
+        if self.low is None or self.high is None:
             raise UsageError(f"parameter {self.name}: 'high: auto' is not resolved yet "
                              "(tuner.search.bounds.resolve_space needs the model and GPU memory)")
+        return float(self.low), float(self.high)
+
+    def distribution(self) -> optuna.distributions.BaseDistribution:
         if self.type == "int":
+            lo, hi = self.bounds
             return optuna.distributions.IntDistribution(
-                int(self.low), int(self.high), log=self.log, step=int(self.step or 1))
+                int(lo), int(hi), log=self.log, step=int(self.step or 1))
         if self.type == "float":
-            return optuna.distributions.FloatDistribution(
-                float(self.low), float(self.high), log=self.log, step=self.step)
+            lo, hi = self.bounds
+            return optuna.distributions.FloatDistribution(lo, hi, log=self.log, step=self.step)
         if self.type == "bool":
             return optuna.distributions.CategoricalDistribution((False, True))
         return optuna.distributions.CategoricalDistribution(self.choices)
@@ -163,7 +169,7 @@ class SearchSpace:
                         argv.append(p.flag)
                 else:
                     argv += [p.flag, p.render_value(value)]
-            else:
+            elif p.env is not None:
                 env[p.env] = p.render_value(value)
         for key, val in env.items():
             if _has_newline(val):
@@ -172,14 +178,15 @@ class SearchSpace:
 
     def from_rendered(self, p: Param, rendered: Any, params: dict[str, Any]) -> int:
         """The sampled value of a `divide_by` knob from what the server got (blocks -> tokens)."""
-        assert p.divide_by is not None
-        return blocks_to_tokens(rendered, params.get(p.divide_by, self.param(p.divide_by).default))
+        name = p.divide_by or ""
+        return blocks_to_tokens(rendered, params.get(name, self.param(name).default))
 
     def _divisor(self, p: Param, params: dict[str, Any]) -> Any:
         """The value `p` is divided by when rendered: the sampled one, else that knob's default."""
-        value = params.get(p.divide_by)
+        name = p.divide_by or ""
+        value = params.get(name)
         if value is None:
-            value = self.param(p.divide_by).default
+            value = self.param(name).default
         if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
             raise UsageError(f"{self.path}: parameters.{p.name}.divide_by: {p.divide_by} has no "
                              f"positive integer value to divide by (got {value!r})")

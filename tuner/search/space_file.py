@@ -58,8 +58,8 @@ def _numeric(path: Path, key: str, ptype: str, spec: dict[str, Any]) -> dict[str
 
 def _categorical(path: Path, key: str, spec: dict[str, Any]) -> dict[str, Any]:
     choices = spec.get("choices")
-    _require(isinstance(choices, list) and len(choices) > 0, path, f"{key}.choices",
-             "must be a non-empty list")
+    if not isinstance(choices, list) or not choices:
+        raise UsageError(f"{path}: {key}.choices: must be a non-empty list")
     _require(len(set(map(str, choices))) == len(choices), path, f"{key}.choices",
              "has duplicates")
     default = spec.get("default")

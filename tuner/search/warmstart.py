@@ -33,12 +33,13 @@ def clip_to_space(space: SearchSpace, params: dict[str, Any]) -> dict[str, Any]:
         if value is None:
             continue
         if p.type in ("int", "float"):
+            lo, hi = p.bounds
             try:
-                num = min(max(float(value), float(p.low)), float(p.high))
+                num = min(max(float(value), lo), hi)
             except (TypeError, ValueError):
                 continue
             if p.step:
-                num = float(p.low) + math.floor((num - float(p.low)) / p.step + 1e-9) * p.step
+                num = lo + math.floor((num - lo) / p.step + 1e-9) * p.step
             out[p.name] = int(round(num)) if p.type == "int" else num
         elif p.type == "bool":
             out[p.name] = value if isinstance(value, bool) else str(value) in (p.true_value, "true", "True")

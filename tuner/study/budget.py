@@ -28,7 +28,8 @@ def finished(study: optuna.Study) -> int:
     return len(study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)))
 
 
-def run_to_budget(study: optuna.Study, objective: Callable[[optuna.Trial], object], target: int,
+def run_to_budget(study: optuna.Study, objective: Callable[[optuna.Trial], Sequence[float]],
+                  target: int,
                   trials_dir: Path, callbacks: Sequence[Callback] = ()) -> None:
     """Optimize until `target` trials are COMPLETE, re-queueing the trials of dead workers."""
     while True:

@@ -37,7 +37,7 @@ def suggest(trial: optuna.Trial, ctx: TrialContext) -> dict[str, Any]:
         elif isinstance(dist, optuna.distributions.FloatDistribution):
             params[p.name] = trial.suggest_float(p.name, dist.low, dist.high, step=dist.step,
                                                  log=dist.log)
-        else:
+        elif isinstance(dist, optuna.distributions.CategoricalDistribution):
             params[p.name] = trial.suggest_categorical(p.name, dist.choices)
     return params
 

@@ -21,9 +21,9 @@ def dominates(a: Sequence[float], b: Sequence[float], objectives: Sequence[Objec
 
 def front(trials: Sequence[TrialRecord], objectives: Sequence[Objective]) -> list[TrialRecord]:
     """The non-dominated trials (by their values), in trial-number order."""
-    done = [t for t in trials if t.values is not None]
-    return sorted((t for t in done
-                   if not any(dominates(o.values, t.values, objectives) for o in done if o is not t)),
+    done = [(t, t.values) for t in trials if t.values is not None]
+    return sorted((t for t, v in done
+                   if not any(dominates(w, v, objectives) for o, w in done if o is not t)),
                   key=lambda t: t.number)
 
 
@@ -31,4 +31,4 @@ def on_front(values: Sequence[float], trials: Sequence[TrialRecord],
              objectives: Sequence[Objective]) -> bool:
     """Would `values` be non-dominated among the feasible, originally run trials?"""
     return not any(dominates(t.values, values, objectives)
-                   for t in trials if t.feasible and t.original and t.values is not None)
+                   for t in trials if t.feasible and t.original and t.values)

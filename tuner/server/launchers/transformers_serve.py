@@ -116,7 +116,7 @@ def apply_memory_cap(cap_gib: float, device: int) -> float:
         free, real_total = real_mem_get_info(dev)
         return max(0, cap - (real_total - free)), cap
 
-    torch.cuda.mem_get_info = capped_mem_get_info
+    torch.cuda.mem_get_info = capped_mem_get_info  # type: ignore[assignment]
     return cap / total
 
 
@@ -126,7 +126,7 @@ def install_cb_overrides(config_cls: type, overrides: Mapping[str, Any]) -> None
     missing = sorted(set(overrides) - names)
     if missing:
         raise LauncherError(f"{config_cls.__name__} of this transformers has no field(s) {missing}")
-    original = config_cls.__post_init__
+    original = getattr(config_cls, "__post_init__")  # noqa: B009 - a dataclass hook mypy cannot see
     values = dict(overrides)
 
     def __post_init__(self: Any) -> None:
@@ -134,7 +134,7 @@ def install_cb_overrides(config_cls: type, overrides: Mapping[str, Any]) -> None
             setattr(self, name, value)
         original(self)
 
-    config_cls.__post_init__ = __post_init__
+    setattr(config_cls, "__post_init__", __post_init__)  # noqa: B010
 
 
 def main(argv: Sequence[str] | None = None) -> int:
