@@ -11,7 +11,7 @@ infeasible but measured: its values are real and the figures plot them.  Picks:
 - slo: the trials meeting every `--slo` term, then the best first objective among them.
 
 Any pick may be narrowed by `--slo`.  Candidates within TIE_RTOL of the best are tied; ties go to
-the most robust trial: most memory headroom (user_attrs peak_bytes or predicted_peak_bytes over
+the most robust trial: most memory headroom (the record's peak_bytes or predicted_peak_bytes over
 capacity_bytes), then least spread over repeats (`repeats`: list of metric dicts, the
 coefficient of variation of the pick's metric), then the lowest trial number.
 """

@@ -14,7 +14,7 @@ screening decision is ours:
    trial, and no SLO is certainly missed.
 
 A screened-out config is told to Optuna as COMPLETE and feasible, with its *point estimate*
-(screening values x the median full/screen ratio) and user_attrs stage='screen',
+(screening values x the median full/screen ratio) and a record with stage 'screen',
 screen_metrics (measured) and metrics (estimated).  Why this does not mislead the sampler: the
 point estimate is no better than the optimistic one in any objective, and the optimistic one is
 dominated by a measured trial; the front only ever moves forward, so a screened trial is never
