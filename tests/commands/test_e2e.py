@@ -108,12 +108,20 @@ def test_ablate_on_the_simulator_finds_the_knob_it_ignores(tmp_path, capsys):
     studies = tmp_path / "studies"
     common = ["--model", MODEL, "--simulate", "rtx4090", "--time-scale", "50", "--space", str(space),
               "--studies-dir", str(studies), "--study", "ab"]
-    assert main(["tune", *common, "--trials", "3", "--sampler", "random", "--seed", "1",
-                 "--no-export"]) == 0
+    # the base: a config whose max batch binds (phase caps above it), not a random draw that
+    # may cap decode at 1 and so leave max_batch_size nothing to do
+    base = tmp_path / "base.yaml"
+    base.write_text("kv_cache_tokens: 16384\nblock_size: 256\nmax_batch_size: 8\n"
+                    "prefill_batch_cap: 8\ndecode_batch_cap: 8\nenable_graph: true\n"
+                    "max_num_batched_tokens: 8192\nlong_context_threshold: 4096\n"
+                    "long_context_max_batch: 1\nlong_context_use_total_len: false\n"
+                    "decode_first_when_running: true\ntypo_cap: 1\n")
+    assert main(["tune", *common, "--trials", "1", "--sampler", "random", "--seed", "1",
+                 "--no-defaults", "--seed-config", str(base), "--no-export"]) == 0
     out = tmp_path / "ablation.json"
     # a 10% floor: at 50x simulated time, wall-clock jitter moves a p99 of 4 requests by a few %
-    assert main(["ablate", *common, "--knobs", "max_batch_size,typo_cap", "--per-knob", "1",
-                 "--floor", "0.1", "-o", str(out)]) == 0
+    assert main(["ablate", *common, "--trial", "0", "--knobs", "max_batch_size,typo_cap",
+                 "--per-knob", "1", "--floor", "0.1", "-o", str(out)]) == 0
     verdicts = json.loads(out.read_text())["verdicts"]
     assert verdicts == {"max_batch_size": "effect", "typo_cap": "no effect"}
     study = optuna.load_study(study_name="ab", storage=f"sqlite:///{studies / 'ab' / 'study.db'}")

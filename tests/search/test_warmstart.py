@@ -32,6 +32,17 @@ def test_defaults_are_clipped_into_the_card():
     assert clipped["block_size"] == 256 and clipped["max_batch_size"] == 8
 
 
+def test_a_hand_config_never_loses_a_knob_to_an_unresolved_auto_bound(tmp_path):
+    """Once, clipping into a space whose `high: auto` was not resolved dropped the KV knob
+    silently, and a hand config ran with the server's default pool (the H200 side by side)."""
+    raw = load_space(ROOT / "search_spaces" / "infinilm.yaml")    # kv high: auto, not resolved
+    y = tmp_path / "seed.yaml"
+    y.write_text("kv_cache_tokens: 16384\nblock_size: 256\n")
+    with pytest.raises(UsageError, match="not resolved"):
+        load_seed_config(raw, y)
+    assert load_seed_config(SPACE, y) == {"kv_cache_tokens": 16384, "block_size": 256}
+
+
 def test_seed_config_from_yaml_and_env_file(tmp_path):
     y = tmp_path / "seed.yaml"
     y.write_text("kv_cache_tokens: 16384\nblock_size: 256\nprefill_batch_cap: 8\n")
@@ -81,3 +92,18 @@ def test_pipeline_skips_runs_confirms_and_warm_starts_a_later_study():
     assert front == [clip_to_space(SPACE, max(ok, key=lambda t: t.values[0]).params)]
     fresh = optuna.create_study(direction="maximize")
     assert enqueue(fresh, front + front) == len(front)  # duplicates are not queued twice
+
+
+def test_in_process_runner_sees_the_memory_cap_as_a_server_does(tmp_path):
+    """run_trial hands ctx.extra_env (the cap) to the server; the in-process runner must too, or
+    an H200 study under --gpu-memory-cap 24GiB is simulated on the whole 141 GB card."""
+    workload = Workload("t", 0, None, CELLS[:1], ("max output_throughput",))
+    default_pool = {"kv_cache_tokens": 131072, "block_size": 256}
+    h200 = resolve_space(load_space(ROOT / "search_spaces" / "infinilm.yaml"), M8B,
+                         parse_size("140GiB"), CELLS)
+    whole = TrialContext(space=h200, workload=workload, model_dir=MODEL, simulate="h200")
+    capped = TrialContext(space=h200, workload=workload, model_dir=MODEL, simulate="h200",
+                          extra_env={"TUNER_GPU_MEMORY_CAP_GIB": "24"})
+    assert InProcessRunner("h200")(whole, default_pool, tmp_path).outcome.kind == "ok"
+    res = InProcessRunner("h200")(capped, default_pool, tmp_path)
+    assert res.outcome.kind == "oom" and "start-up" in res.outcome.reason

@@ -161,6 +161,21 @@ def test_startup_failures():
         make_engine([], {"INFINILM_MAX_NUM_BATCHED_TOKENS": "512"})
 
 
+def test_a_memory_cap_shrinks_the_simulated_card():
+    """An H200 under --gpu-memory-cap 24GiB is a 24 GiB card to the server (the ballast holds
+    the rest), so InfiniLM's default 512 x 256 pool of an 8B model cannot start; 64 x 256 can."""
+    cap = {"TUNER_GPU_MEMORY_CAP_GIB": "24"}
+    assert get_profile("h200", cap).memory_mib == 24576 < get_profile("h200").memory_mib
+    assert get_profile("rtx4090", cap).memory_mib == 24564     # never above the card
+    argv = ["--model", MODEL, "--enable-graph", "--num-blocks", "512"]
+    simulate(MODEL, "h200", argv, {}, [])                       # the whole card: starts
+    with pytest.raises(StartupFailure):
+        simulate(MODEL, "h200", argv, cap, [])
+    simulate(MODEL, "h200", argv[:-1] + ["64"], cap, [])
+    with pytest.raises(UsageError, match="GiB"):
+        get_profile("h200", {"TUNER_GPU_MEMORY_CAP_GIB": "lots"})
+
+
 def test_bad_input_is_a_usage_error():
     with pytest.raises(UsageError, match="INFINILM_PREFILL_BATCH_CAP"):
         parse_config(["--model", MODEL], {"INFINILM_PREFILL_BATCH_CAP": "eight"})

@@ -31,7 +31,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         cfg = parse_config(sys.argv[1:] if argv is None else argv, os.environ)
         model = load_model_info(cfg.model)
-        gpu = get_profile(cfg.gpu)
+        gpu = get_profile(cfg.gpu, os.environ)
     except UsageError as exc:
         log(f"error: {exc}")
         return 2

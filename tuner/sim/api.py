@@ -106,7 +106,8 @@ def simulate(model_dir: str, gpu: str, argv: Sequence[str], env: Mapping[str, st
         args += ["--model", str(model_dir)]
     cfg = parse_config(args, env)
     log: list[str] = []
-    engine = Engine(load_model_info(model_dir), get_profile(gpu), replace(cfg, seed=seed), log.append)
+    engine = Engine(load_model_info(model_dir), get_profile(gpu, env), replace(cfg, seed=seed),
+                    log.append)
     prompt_extra = CHAT_TEMPLATE_TOKENS if api == "chat" else 0
     rng = np.random.default_rng(seed)
     results = []

@@ -9,7 +9,8 @@ property of the software more than of the card.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
 
 from tuner.errors import UsageError
 
@@ -59,9 +60,27 @@ PROFILES: dict[str, GpuProfile] = {
 }
 
 
-def get_profile(name: str) -> GpuProfile:
-    """The profile called `name`; an unknown name is a `UsageError` listing the known ones."""
+CAP_ENV = "TUNER_GPU_MEMORY_CAP_GIB"   # tuner.ballast.cap_env: the card the tuner tunes for
+
+
+def get_profile(name: str, env: Mapping[str, str] | None = None) -> GpuProfile:
+    """The profile called `name`; an unknown name is a `UsageError` listing the known ones.
+
+    With `--gpu-memory-cap` the tuner tells the server the card it tunes for (`CAP_ENV` in `env`);
+    a real server under the ballast sees only that much memory, so the simulated card has it
+    too (ignoring it, the simulator called InfiniLM's default 512 x 256 pool of an 8B model fine
+    under a 24 GiB cap where the real server ran out of memory at start-up)."""
     try:
-        return PROFILES[name]
+        profile = PROFILES[name]
     except KeyError:
         raise UsageError(f"unknown GPU profile '{name}' (known: {', '.join(PROFILES)})") from None
+    raw = (env or {}).get(CAP_ENV)
+    if raw is None:
+        return profile
+    try:
+        cap_mib = int(float(raw) * 1024)
+    except ValueError:
+        raise UsageError(f"{CAP_ENV}={raw!r} is not a number of GiB") from None
+    if cap_mib <= 0:
+        raise UsageError(f"{CAP_ENV}={raw!r} must be > 0")
+    return replace(profile, memory_mib=min(profile.memory_mib, cap_mib))
