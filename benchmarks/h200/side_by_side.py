@@ -21,6 +21,7 @@ import json
 import statistics
 import sys
 from pathlib import Path
+from typing import Any
 
 import optuna
 
@@ -34,6 +35,7 @@ from tuner.search.warmstart import load_seed_config
 from tuner.search.workload import load_workload
 from tuner.server.gpu import read_gpu
 from tuner.server.memcap import memory_cap
+from tuner.study.record import TrialRecord
 from tuner.trial.context import TrialContext
 from tuner.trial.run import run_trial
 
@@ -70,7 +72,7 @@ def main() -> int:
         return _compare(args, chosen, space, ctx)
 
 
-def _compare(args: argparse.Namespace, chosen: optuna.trial.FrozenTrial, space: SearchSpace,
+def _compare(args: argparse.Namespace, chosen: TrialRecord, space: SearchSpace,
              ctx: TrialContext) -> int:
     configs = {"default": space.default_params()}
     for item in args.config:
@@ -79,18 +81,18 @@ def _compare(args: argparse.Namespace, chosen: optuna.trial.FrozenTrial, space: 
             raise SystemExit(f"--config {item!r}: expected LABEL=FILE, LABEL not default/tuned")
         configs[label] = load_seed_config(space, path)
     configs["tuned"] = dict(chosen.params)
-    runs: dict[str, list[dict]] = {name: [] for name in configs}
+    runs: dict[str, list[dict[str, Any]]] = {name: [] for name in configs}
     base = Path(args.studies_dir) / args.study / "side_by_side"
+    summary = _summary(args, chosen, configs, runs)
     for i in range(args.repeats):
         for name, params in configs.items():
             if _failed_at_startup(runs[name]):
                 continue   # a pool that cannot be allocated fails the same way every time
             res = run_trial(ctx, params, base / f"{name}-{i}")
-            row = {"run": i, "outcome": res.outcome.kind, "reason": res.outcome.reason,
-                   "metrics": {k: res.metrics.get(k) for k in KEYS}, "wall_s": round(res.wall_s, 1)}
-            runs[name].append(row)
-            figures = "  ".join(f"{k}={row['metrics'][k]:.1f}" for k in KEYS
-                                if row["metrics"][k] is not None)
+            metrics = {k: res.metrics.get(k) for k in KEYS}
+            runs[name].append({"run": i, "outcome": res.outcome.kind, "reason": res.outcome.reason,
+                               "metrics": metrics, "wall_s": round(res.wall_s, 1)})
+            figures = "  ".join(f"{k}={v:.1f}" for k, v in metrics.items() if v is not None)
             print(f"{name:8s} run {i}: {res.outcome.kind:9s} {res.outcome.reason or ''} {figures}",
                   flush=True)
             summary = _summary(args, chosen, configs, runs)
@@ -103,8 +105,8 @@ def _failed_at_startup(rows: list[dict]) -> bool:
     return bool(rows) and rows[0]["outcome"] == "oom" and "start-up" in (rows[0]["reason"] or "")
 
 
-def _summary(args: argparse.Namespace, chosen: optuna.trial.FrozenTrial, configs: dict,
-             runs: dict[str, list[dict]]) -> dict:
+def _summary(args: argparse.Namespace, chosen: TrialRecord, configs: dict,
+             runs: dict[str, list[dict[str, Any]]]) -> dict:
     medians = {name: {k: _median([r["metrics"][k] for r in rows if r["outcome"] == "ok"])
                       for k in KEYS} for name, rows in runs.items()}
     return {"study": args.study, "chosen_trial": chosen.number, "pick": args.pick,
