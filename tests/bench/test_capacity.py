@@ -8,18 +8,24 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tuner.bench.capacity import (CapacitySpec, LoadStep, SloWatch, find_capacity, is_saturated,
-                                  parse_capacity)
+from tuner.bench.capacity import (
+    CapacitySpec,
+    LoadStep,
+    SloWatch,
+    find_capacity,
+    is_saturated,
+    parse_capacity,
+)
 from tuner.bench.records import Cell
 from tuner.bench.sources import SharedPrefixSource
 from tuner.errors import UsageError
 from tuner.paths import REPO_ROOT
+from tuner.search.space_file import load_space
+from tuner.search.workload import parse_workload
 from tuner.sim.api import open_engine
 from tuner.sim.capacity_run import sim_capacity
-from tuner.trial.inprocess import InProcessRunner
-from tuner.search.space_file import load_space
 from tuner.trial.context import TrialContext
-from tuner.search.workload import parse_workload
+from tuner.trial.inprocess import InProcessRunner
 
 MODEL = str(REPO_ROOT / "models" / "llama-3.1-8b")
 

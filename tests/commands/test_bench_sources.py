@@ -5,11 +5,10 @@ against the simulated server as a process on loopback."""
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import yaml
-from tests.sim.test_server import free_port, start, stop, wait_health
 
+from tests.sim.test_server import free_port, start, stop, wait_health
 from tuner.cli import main
 from tuner.paths import REPO_ROOT
 

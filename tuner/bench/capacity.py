@@ -53,8 +53,11 @@ def parse_capacity(raw: Any, source: str, n_cells: int) -> CapacitySpec:
     for key, value in raw.items():
         if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
             raise UsageError(f"{source}: capacity.{key}: must be a number >= 0, got {value!r}")
-    floats = ("min_rate", "max_rate", "resolution", "growth")
-    spec = CapacitySpec(**{k: float(v) if k in floats else v for k, v in raw.items()})
+    d = CapacitySpec()
+    spec = CapacitySpec(raw.get("cell", d.cell), float(raw.get("min_rate", d.min_rate)),
+                        float(raw.get("max_rate", d.max_rate)),
+                        float(raw.get("resolution", d.resolution)),
+                        raw.get("step_requests", d.step_requests), float(raw.get("growth", d.growth)))
     if not (isinstance(spec.cell, int) and spec.cell < n_cells):
         raise UsageError(f"{source}: capacity.cell: must index one of the {n_cells} cells")
     if not 0 < spec.min_rate < spec.max_rate or spec.resolution <= 0 or spec.growth <= 1 \
@@ -181,16 +184,16 @@ def step_cell(cell: Cell, rate: float, n: int) -> Cell:
     cap (a cap would queue them in the client and hide the server's queue from TTFT).  A trace
     keeps its arrival pattern, compressed or stretched to the rate's mean."""
     src = cell.source
-    common = dict(num_prompts=n, duration_s=None, concurrency=n)
+    step = replace(cell, num_prompts=n, duration_s=None, concurrency=n, request_rate=rate)
     if isinstance(src, TraceSource):
         stamps = [e.timestamp_s or 0.0 for e in src.entries]
         span = stamps[-1] - stamps[0]
         if len(stamps) > 1 and span > 0:
             base = (len(stamps) - 1) / span * src.time_scale
-            return replace(cell, source=replace(src, time_scale=src.time_scale * rate / base),
-                           request_rate=None, **common)
-        return replace(cell, source=None, request_rate=rate, **common)
-    return replace(cell, request_rate=rate, **common)
+            return replace(step, source=replace(src, time_scale=src.time_scale * rate / base),
+                           request_rate=None)
+        return replace(step, source=None)
+    return step
 
 
 def passes(metrics: Mapping[str, float], limits: Mapping[str, tuple[str, float, float]]) -> bool:
@@ -201,7 +204,7 @@ def is_saturated(send_s: list[float], first_token_s: list[float | None]) -> bool
     """Queue and TTFT growing without bound: the last quarter of requests waited more than
     twice as long for their first token as the first quarter, and more than half a second
     longer; a stable server's TTFT does not trend with time."""
-    ttfts = [(f if f is not None else math.inf) - s for s, f in zip(send_s, first_token_s)]
+    ttfts = [(f if f is not None else math.inf) - s for s, f in zip(send_s, first_token_s, strict=True)]
     q = len(ttfts) // 4
     if q < 3:
         return False

@@ -11,8 +11,17 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from tuner.bench.capacity import (CapacityResult, CapacitySpec, LoadStep, SloWatch, find_capacity,
-                                  is_saturated, passes, slo_limits, step_cell)
+from tuner.bench.capacity import (
+    CapacityResult,
+    CapacitySpec,
+    LoadStep,
+    SloWatch,
+    find_capacity,
+    is_saturated,
+    passes,
+    slo_limits,
+    step_cell,
+)
 from tuner.bench.metrics import per_request_ms
 from tuner.bench.records import Cell, RequestRecord
 from tuner.bench.runner import CUT_SHORT, FATAL, CellWatch, run_cells
@@ -57,7 +66,8 @@ def http_capacity(url: str, cell: Cell, spec: CapacitySpec, slo: Mapping[str, fl
         cut = res.error_class == CUT_SHORT
         kept = [r for r in res.records if r.error_class != CUT_SHORT]  # not the aborted ones
         saturated = any(v.saturated for v in verdicts) or is_saturated(
-            [r.send_time for r in kept], [r.token_times[0] if r.token_times else None for r in kept])
+            [r.send_time for r in kept],
+            [r.token_times[0] if r.token_times else None for r in kept])
         ok = res.error_class is None and not saturated and passes(res.metrics, limits)
         return LoadStep(rate, res.metrics, ok, cut, saturated, res.duration_s, len(res.records),
                         fatal=res.error_class in FATAL)

@@ -59,7 +59,7 @@ def _jsonl(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
             continue
         try:
             obj = json.loads(line)
-        except ValueError as exc:
+        except json.JSONDecodeError as exc:
             raise UsageError(f"{path}:{n}: not JSON: {exc.msg}") from None
         if not isinstance(obj, dict):
             raise UsageError(f"{path}:{n}: must be a JSON object, got {type(obj).__name__}")

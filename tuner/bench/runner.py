@@ -10,6 +10,7 @@ about a second, not 64 timeouts.
 from __future__ import annotations
 
 import asyncio
+import functools
 import itertools
 import random
 import sys
@@ -69,7 +70,7 @@ class _CellRun:
         """How long each request without a first token has waited so far.  On a simulated
         server in simulated time, against the latest token time seen (a lower bound of its
         clock): wall ages there would multiply the client's own jitter by the time scale."""
-        pending = [(r, w) for r, w in zip(self.records, self.wall_sent)
+        pending = [(r, w) for r, w in zip(self.records, self.wall_sent, strict=True)
                    if not r.token_times and r.error is None]
         sim_now = max((r.token_times[-1] for r in self.records if r.sim and r.token_times),
                       default=None)
@@ -256,18 +257,17 @@ async def run_cells_async(
         if health is not None:
             await health.__aenter__()
         time_scale = await health.time_scale() if health is not None else 1.0
-        common = dict(health=health, time_scale=time_scale, stall_timeout_s=stall_timeout_s,
-                      slo_ms=slo_ms, progress=progress)
+        run = functools.partial(_run_cell, client, health=health, time_scale=time_scale,
+                                stall_timeout_s=stall_timeout_s, slo_ms=slo_ms, progress=progress)
         if warmup is not None and warmup.requests > 0:
-            wcell = Cell(warmup.requests, warmup.input_len, warmup.output_len, num_prompts=warmup.requests)
+            wcell = Cell(warmup.requests, warmup.input_len, warmup.output_len,
+                         num_prompts=warmup.requests)
             wrng = random.Random(f"{seed}:warmup")
-            await _run_cell(client, wcell, _payloads(client, maker, wcell, wrng), rng=wrng, label="warm-up",
-                            **common)
+            await run(wcell, _payloads(client, maker, wcell, wrng), rng=wrng, label="warm-up")
         for index, cell in enumerate(cells):
             rng = random.Random(f"{seed}:{index}")
             payloads = _payloads(client, maker, cell, rng, seed + index)
-            result = await _run_cell(client, cell, payloads, rng=rng,
-                                     watch=watch() if watch else None, **common)
+            result = await run(cell, payloads, rng=rng, watch=watch() if watch else None)
             results.append(result)
             if on_cell is not None:
                 on_cell(result)

@@ -19,8 +19,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from tuner.bench.datafiles import (MIN_SHAREGPT_TOKENS, Entry, read_jsonl_dataset, read_sharegpt,
-                                   read_trace)
+from tuner.bench.datafiles import (
+    MIN_SHAREGPT_TOKENS,
+    Entry,
+    read_jsonl_dataset,
+    read_sharegpt,
+    read_trace,
+)
 from tuner.errors import UsageError
 
 MOONCAKE_BLOCK_TOKENS = 512  # one Mooncake hash id covers 512 tokens
@@ -40,7 +45,8 @@ class Counter(Protocol):
 
 
 class Source(Protocol):
-    label: str
+    @property
+    def label(self) -> str: ...
 
     def requests(self, seed: int, counter: Counter) -> list[RequestSpec]: ...
 

@@ -73,7 +73,9 @@ def parse_workload(data: Any, source: str, extra_keys: Iterable[str] = ()) -> Wo
         raise UsageError(f"{source}: cells: must be a non-empty list of cells")
     cells = tuple(_cell(c, source, f"cells[{i}]", per_conc) for i, c in enumerate(raw_cells))
     raw_capacity = top.get("capacity")
-    capacity = parse_capacity(raw_capacity, source, len(cells)) if raw_capacity is not None else None
+    capacity = None
+    if raw_capacity is not None:
+        capacity = parse_capacity(raw_capacity, source, len(cells))
     warmup = DEFAULT_WARMUP
     if "warmup" in top:
         if top["warmup"] is None:

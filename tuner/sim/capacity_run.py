@@ -12,8 +12,17 @@ from collections.abc import Mapping
 
 import numpy as np
 
-from tuner.bench.capacity import (CapacityResult, CapacitySpec, LoadStep, SloWatch, find_capacity,
-                                  is_saturated, passes, slo_limits, step_cell)
+from tuner.bench.capacity import (
+    CapacityResult,
+    CapacitySpec,
+    LoadStep,
+    SloWatch,
+    find_capacity,
+    is_saturated,
+    passes,
+    slo_limits,
+    step_cell,
+)
 from tuner.bench.metrics import per_request_ms
 from tuner.bench.records import Cell
 from tuner.sim.api import RequestFeed, Watch, run_cell, to_record
