@@ -69,8 +69,8 @@ def read_until_hang(resp):
     pytest.fail(f"stream ended: {events[-1:]}")
 
 
-def chat(url, words, max_tokens, stream=True, timeout=5):
-    body = {"model": "anything", "messages": [{"role": "user", "content": "w " * words}],
+def chat(url, words, max_tokens, stream=True, timeout=5, word="w"):
+    body = {"model": "anything", "messages": [{"role": "user", "content": f"{word} " * words}],
             "max_tokens": max_tokens, "stream": stream}
     return requests.post(url + "/v1/chat/completions", json=body, stream=stream, timeout=timeout)
 
@@ -100,8 +100,9 @@ def test_serves_streams_then_dies_like_infinilm_on_oom(tmp_path):
         plain = chat(url, 8, 3, stream=False).json()
         assert plain["usage"]["completion_tokens"] == 3 and len(plain["sim_t"]) == 3
 
-        # Two 4096-word prompts at once: a prefill the 4090 cannot hold beside 64 blocks.
-        streams = [chat(url, 4096, 64, timeout=(2, 0.5)) for _ in range(2)]
+        # Two 4096-word prompts at once: a prefill the 4090 cannot hold beside 64 blocks (distinct
+        # words: identical prompts would share their blocks through the prefix cache).
+        streams = [chat(url, 4096, 64, timeout=(2, 0.5), word=f"w{i}") for i in range(2)]
         deadline = time.monotonic() + 5
         while requests.get(url + "/health").status_code != 503:
             assert time.monotonic() < deadline, "server never turned unhealthy"

@@ -42,6 +42,7 @@ class ConnectionPool:
         self.host_header = parts.netloc
         self._idle: list[_Connection] = []
         self._all: set[_Connection] = set()
+        self._topping_up = False
 
     async def acquire(self) -> tuple[_Connection, bool]:
         """-> (connection, whether it is a reused keep-alive one)."""
@@ -49,6 +50,9 @@ class ConnectionPool:
             conn = self._idle.pop()
             if not conn.closed:
                 return conn, True
+        return await self._open(), False
+
+    async def _open(self) -> _Connection:
         conn = _Connection()
         if self.ssl is None and stamped.SUPPORTED:
             await stamped.open_stamped(self.host, self.port, conn)
@@ -56,7 +60,22 @@ class ConnectionPool:
             loop = asyncio.get_running_loop()
             await loop.create_connection(lambda: conn, self.host, self.port, ssl=self.ssl)
         self._all.add(conn)
-        return conn, False
+        return conn
+
+    async def top_up(self, spare: int) -> None:
+        """Open connections until `spare` are idle, off the send path: an open-loop sender
+        that finds none idle would otherwise pay a connect inside its send time.  Errors are
+        left to the next real request to meet."""
+        if self._topping_up:
+            return
+        self._topping_up = True
+        try:
+            while sum(not c.closed for c in self._idle) < spare:
+                self._idle.insert(0, await self._open())
+        except OSError:
+            pass
+        finally:
+            self._topping_up = False
 
     def release(self, conn: _Connection) -> None:
         if conn.closed or not conn.reusable:

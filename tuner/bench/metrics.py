@@ -18,7 +18,7 @@ from tuner.bench.records import RequestRecord
 PERCENTILES = (50, 90, 99)
 LATENCY_METRICS = ("ttft", "tpot", "itl", "e2el")
 
-def _per_request_ms(rec: RequestRecord) -> dict[str, float]:
+def per_request_ms(rec: RequestRecord) -> dict[str, float]:
     """The per-request quantities an SLO for goodput can name ("ttft", "tpot", "e2el"), in ms."""
     out = {"ttft": rec.ttft * 1000.0, "e2el": rec.latency * 1000.0}
     if rec.output_tokens > 1:
@@ -57,7 +57,7 @@ def cell_metrics(
     ttfts, tpots, itls, e2els = [], [], [], []
     good = 0
     for r in ok:
-        per = _per_request_ms(r)
+        per = per_request_ms(r)
         ttfts.append(per["ttft"])
         e2els.append(per["e2el"])
         if "tpot" in per:

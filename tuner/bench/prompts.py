@@ -11,6 +11,10 @@ from __future__ import annotations
 
 import random
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from tuner.bench.sources import RequestSpec
 
 # Short, common words: most BPE vocabularies hold each as a single token (with its leading space).
 _WORDS = (
@@ -81,3 +85,21 @@ def _load_tokenizer(tokenizer_dir: str | Path):
     except ImportError:
         return None
     return Tokenizer.from_file(str(path))
+
+
+def render_prompt(spec: RequestSpec, maker: PromptMaker, rng: random.Random,
+                  shared: dict[tuple[str, int], str]) -> str:
+    """The prompt text of one request: the dataset's own text, else each shared segment's text
+    (the same for the same key, from an rng seeded by the key, kept in `shared`) followed by
+    fresh random text for the rest of `input_len`."""
+    if spec.text is not None:
+        return spec.text
+    parts = []
+    for key, n in spec.segments:
+        if (key, n) not in shared:
+            shared[(key, n)] = maker.make(n, random.Random(key))
+        parts.append(shared[(key, n)])
+    rest = spec.input_len - sum(n for _, n in spec.segments)
+    if rest > 0:
+        parts.append(maker.make(rest, rng))
+    return " ".join(parts)

@@ -9,7 +9,10 @@ for real servers, the simulator's clock when the server reports simulated time.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from tuner.bench.sources import Source
 
 
 @dataclass(frozen=True)
@@ -27,9 +30,13 @@ class Cell:
     num_prompts: int | None = None
     duration_s: float | None = None
     request_rate: float | None = None
+    source: Source | None = None
 
     @property
     def key(self) -> str:
+        if self.source is not None:
+            rate = f"_r{self.request_rate:g}" if self.request_rate else ""
+            return f"{self.source.label}_c{self.concurrency}{rate}"
         return f"c{self.concurrency}_i{self.input_len}_o{self.output_len}"
 
 
@@ -92,6 +99,8 @@ class CellResult:
         row: dict[str, Any] = {"concurrency": c.concurrency, "input_len": c.input_len,
                                "output_len": c.output_len, "num_prompts": c.num_prompts,
                                "duration_s": c.duration_s, "request_rate": c.request_rate}
+        if c.source is not None:
+            row["source"] = c.source.label
         row.update(self.metrics)
         row["error_class"] = self.error_class
         row["error"] = self.error

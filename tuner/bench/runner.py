@@ -10,6 +10,7 @@ about a second, not 64 timeouts.
 from __future__ import annotations
 
 import asyncio
+import functools
 import itertools
 import random
 import sys
@@ -22,26 +23,36 @@ from tqdm import tqdm
 from tuner.bench.client import ABORTED, CONNECTION_ERROR, HTTP_ERROR, STREAM_ERROR, Activity, EventHook, StreamClient
 from tuner.bench.health import HANG, SERVER_DIED, UNHEALTHY, HealthWatch, stall_watch
 from tuner.bench.metrics import cell_metrics
-from tuner.bench.prompts import PromptMaker
+from tuner.bench.prompts import PromptMaker, render_prompt
 from tuner.bench.records import Cell, CellResult, RequestRecord, Warmup
 
 HTTP_ERROR_CELL = "http_error"
+CUT_SHORT = "cut_short"  # a capacity step ended early by its watch: the server is fine
 FATAL = (UNHEALTHY, SERVER_DIED, HANG)  # the server is gone: later cells are not run
+Payloads = tuple[list[bytes], "list[float] | None"]  # request bytes, a trace's arrival offsets
+# (records so far, waiting times in ms of those without a first token) -> end the cell now
+CellWatch = Callable[[list[RequestRecord], list[float]], bool]
 # Distinct prompts per cell; beyond this they repeat (far apart, so prefix caches rarely help),
 # and building them never happens while the cell is being measured.
 MAX_PROMPT_POOL = 512
-
-
+# asyncio wakes timers up to a millisecond late (epoll's timeout is in ms): the last stretch
+# before a scheduled send is spent yielding to the loop instead, so sends land on time.
+SPIN_S = 0.002
+SPARE_CONNECTIONS = 2  # idle connections an open loop keeps ready (see ConnectionPool.top_up)
 
 
 class _CellRun:
     """State shared by one cell's request loops and its watchers."""
 
     def __init__(self, client: StreamClient, cell: Cell, payloads: list[bytes],
-                 health: HealthWatch | None, pbar: tqdm) -> None:
+                 health: HealthWatch | None, pbar: tqdm, arrivals: list[float] | None = None,
+                 watch: CellWatch | None = None) -> None:
         self.client = client
         self.cell = cell
         self.payloads = payloads
+        self.arrivals = arrivals  # a trace's offsets, seconds (else Poisson at request_rate)
+        self.watch = watch
+        self.wall_sent: list[float] = []
         self.health = health
         self.pbar = pbar
         self.records: list[RequestRecord] = []
@@ -55,11 +66,27 @@ class _CellRun:
             self.error_class, self.error = error_class, reason
         self.stop.set()
 
+    def waiting_ms(self) -> list[float]:
+        """How long each request without a first token has waited so far.  On a simulated
+        server in simulated time, against the latest token time seen (a lower bound of its
+        clock): wall ages there would multiply the client's own jitter by the time scale."""
+        pending = [(r, w) for r, w in zip(self.records, self.wall_sent, strict=True)
+                   if not r.token_times and r.error is None]
+        sim_now = max((r.token_times[-1] for r in self.records if r.sim and r.token_times),
+                      default=None)
+        if sim_now is not None:
+            return [(sim_now - r.send_time) * 1e3 for r, _ in pending if r.sim]
+        now = time.perf_counter()
+        return [(now - w) * 1e3 for _, w in pending]
+
     async def one(self, i: int) -> None:
         rec = RequestRecord(send_time=0.0)
         self.records.append(rec)
+        self.wall_sent.append(time.perf_counter())
         await self.client.request(self.payloads[i % len(self.payloads)], rec)
         self.pbar.update(1)
+        if self.watch is not None and self.watch(self.records, self.waiting_ms()):
+            self.end(CUT_SHORT, "the SLOs can no longer be met (capacity step cut short)")
         if rec.ok:
             self.successes += 1
         elif rec.error_class == HTTP_ERROR and self.successes == 0:
@@ -87,26 +114,47 @@ async def _closed_loop(run: _CellRun, deadline: float | None) -> None:
     await asyncio.gather(*(worker() for _ in range(run.cell.concurrency)))
 
 
+async def sleep_until(t: float) -> None:
+    """Sleep until perf_counter() reaches `t`, to well under a millisecond."""
+    delay = t - time.perf_counter() - SPIN_S
+    if delay > 0:
+        await asyncio.sleep(delay)
+    while time.perf_counter() < t:
+        await asyncio.sleep(0)
+
+
+def _arrival(run: _CellRun, i: int, rng: random.Random, prev: float) -> float:
+    """Seconds from the cell's start to request i: the trace's (repeated past its end), or the
+    previous arrival plus an exponential gap."""
+    if run.arrivals is None:
+        assert run.cell.request_rate is not None
+        return prev + rng.expovariate(run.cell.request_rate)
+    span = run.arrivals[-1] + 1e-3
+    return (i // len(run.arrivals)) * span + run.arrivals[i % len(run.arrivals)]
+
+
 async def _open_loop(run: _CellRun, deadline: float | None, rng: random.Random, time_scale: float) -> None:
     sem = asyncio.Semaphore(run.cell.concurrency)
     tasks: set[asyncio.Task] = set()
-    rate = run.cell.request_rate
-    assert rate is not None
-    t = time.perf_counter()
+    t0 = time.perf_counter()
+    offset = 0.0
     try:
         for i in itertools.count():
             if run.cell.num_prompts is not None and i >= run.cell.num_prompts:
                 break
-            t += rng.expovariate(rate) / time_scale
-            delay = t - time.perf_counter()
-            if delay > 0:
-                await asyncio.sleep(delay)
+            offset = _arrival(run, i, rng, offset)
+            await sleep_until(t0 + offset / time_scale)
+            if run.stop.is_set():
+                break
             if deadline is not None and time.perf_counter() >= deadline:
                 break
             await sem.acquire()
             task = asyncio.create_task(run.one(i))
             tasks.add(task)
             task.add_done_callback(lambda tk: (sem.release(), tasks.discard(tk)))
+            spare = asyncio.create_task(run.client.pool.top_up(SPARE_CONNECTIONS))
+            tasks.add(spare)
+            spare.add_done_callback(tasks.discard)
         if tasks:
             await asyncio.gather(*tasks)
     finally:
@@ -124,15 +172,16 @@ def _duration(records: Sequence[RequestRecord], wall_s: float) -> float:
     return wall_s
 
 
-async def _run_cell(client: StreamClient, cell: Cell, payloads: list[bytes], *, health: HealthWatch | None,
-                    rng: random.Random, time_scale: float, stall_timeout_s: float,
-                    slo_ms: Mapping[str, float] | None, progress: bool, label: str | None = None) -> CellResult:
+async def _run_cell(client: StreamClient, cell: Cell, payloads: Payloads, *,
+                    health: HealthWatch | None, rng: random.Random, time_scale: float,
+                    stall_timeout_s: float, slo_ms: Mapping[str, float] | None, progress: bool,
+                    label: str | None = None, watch: CellWatch | None = None) -> CellResult:
     with tqdm(total=cell.num_prompts, desc=label or cell.key, unit="req", file=sys.stderr,
               disable=not progress, leave=True) as pbar:
-        run = _CellRun(client, cell, payloads, health, pbar)
+        run = _CellRun(client, cell, payloads[0], health, pbar, payloads[1], watch)
         start = time.perf_counter()
         deadline = start + cell.duration_s / time_scale if cell.duration_s is not None else None
-        if cell.request_rate is None:
+        if cell.request_rate is None and payloads[1] is None:
             driver = asyncio.create_task(_closed_loop(run, deadline))
         else:
             driver = asyncio.create_task(_open_loop(run, deadline, rng, time_scale))
@@ -162,11 +211,20 @@ async def _run_cell(client: StreamClient, cell: Cell, payloads: list[bytes], *, 
     return CellResult(cell, records, duration, cell_metrics(records, duration, slo_ms), error_class, error)
 
 
-def _payloads(client: StreamClient, maker: PromptMaker, cell: Cell, rng: random.Random) -> list[bytes]:
+def _payloads(client: StreamClient, maker: PromptMaker, cell: Cell, rng: random.Random,
+              seed: int = 0) -> Payloads:
+    """The requests, built before the cell starts, and a trace's arrival offsets."""
+    if cell.source is not None:
+        specs = cell.source.requests(seed, maker)
+        shared: dict[tuple[str, int], str] = {}
+        data = [client.prepare(render_prompt(s, maker, rng, shared), s.output_len) for s in specs]
+        trace = specs[0].arrival_s is not None
+        return data, [s.arrival_s or 0.0 for s in specs] if trace else None
     n = max(2 * cell.concurrency, min(cell.num_prompts or MAX_PROMPT_POOL, MAX_PROMPT_POOL))
     if cell.num_prompts is not None:
         n = min(n, cell.num_prompts)
-    return [client.prepare(maker.make(cell.input_len, rng), cell.output_len) for _ in range(max(n, 1))]
+    return [client.prepare(maker.make(cell.input_len, rng), cell.output_len)
+            for _ in range(max(n, 1))], None
 
 
 async def run_cells_async(
@@ -185,9 +243,11 @@ async def run_cells_async(
     on_cell: Callable[[CellResult], None] | None = None,
     progress: bool = False,
     on_event: EventHook | None = None,
+    watch: Callable[[], CellWatch] | None = None,
 ) -> list[CellResult]:
-    """The asynchronous form of `run_cells`, for callers that already run an event loop.
-    `on_event(record, event, arrival)` sees every parsed SSE event (see client.EventHook)."""
+    """`run_cells` for callers that already run an event loop.  `on_event(record, event,
+    arrival)` sees every parsed SSE event (client.EventHook); `watch()` makes each measured
+    cell's CellWatch, which may end it early (capacity steps)."""
     maker = PromptMaker(tokenizer_dir)
     client = StreamClient(endpoint, model_name=model_name, api=api, request_extra=request_extra,
                           activity=Activity(), on_event=on_event)
@@ -197,16 +257,17 @@ async def run_cells_async(
         if health is not None:
             await health.__aenter__()
         time_scale = await health.time_scale() if health is not None else 1.0
-        common = dict(health=health, time_scale=time_scale, stall_timeout_s=stall_timeout_s,
-                      slo_ms=slo_ms, progress=progress)
+        run = functools.partial(_run_cell, client, health=health, time_scale=time_scale,
+                                stall_timeout_s=stall_timeout_s, slo_ms=slo_ms, progress=progress)
         if warmup is not None and warmup.requests > 0:
-            wcell = Cell(warmup.requests, warmup.input_len, warmup.output_len, num_prompts=warmup.requests)
+            wcell = Cell(warmup.requests, warmup.input_len, warmup.output_len,
+                         num_prompts=warmup.requests)
             wrng = random.Random(f"{seed}:warmup")
-            await _run_cell(client, wcell, _payloads(client, maker, wcell, wrng), rng=wrng, label="warm-up",
-                            **common)
+            await run(wcell, _payloads(client, maker, wcell, wrng), rng=wrng, label="warm-up")
         for index, cell in enumerate(cells):
             rng = random.Random(f"{seed}:{index}")
-            result = await _run_cell(client, cell, _payloads(client, maker, cell, rng), rng=rng, **common)
+            payloads = _payloads(client, maker, cell, rng, seed + index)
+            result = await run(cell, payloads, rng=rng, watch=watch() if watch else None)
             results.append(result)
             if on_cell is not None:
                 on_cell(result)

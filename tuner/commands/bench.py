@@ -10,16 +10,19 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from pathlib import Path
 from typing import Any
 
 import requests
 
+from tuner.bench.capacity import CapacityResult
+from tuner.bench.capacity_http import http_capacity
 from tuner.bench.client import APIS, base_url
 from tuner.bench.records import Cell
 from tuner.bench.report import format_table, write_results
 from tuner.bench.runner import CellResult, run_cells
 from tuner.errors import UsageError
-from tuner.search.workload import DEFAULT_WARMUP, Workload, load_workload
+from tuner.search.workload import DEFAULT_WARMUP, Workload, load_workload, parse_workload
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
@@ -34,6 +37,15 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--output-len", type=int, help="output tokens (max_tokens) of a single cell")
     p.add_argument("--num-prompts", type=int, help="requests of a single cell (default 4 x concurrency)")
     p.add_argument("--request-rate", type=float, help="open loop: Poisson arrivals per second")
+    p.add_argument("--dataset", help="ShareGPT JSON or JSONL of {prompt | input_len, output_len} "
+                   "to sample prompts from (with --concurrency or --request-rate)")
+    p.add_argument("--trace", help="JSONL of {timestamp (ms), input_length, output_length}: "
+                   "replayed open loop at its own arrival times")
+    p.add_argument("--trace-time-scale", type=float, default=1.0,
+                   help="replay the trace this many times faster (default 1)")
+    p.add_argument("--capacity", action="store_true",
+                   help="after the cells, search the highest request rate that meets the "
+                        "workload's SLOs (needs a workload with a capacity: section)")
     p.add_argument("-o", "--output", help="results JSON; a CSV with the same stem is written beside it")
     p.add_argument("--api", choices=APIS, default="chat")
     p.add_argument("--extra-body", default="{}",
@@ -46,12 +58,42 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     return p
 
 
+def _source_workload(args: argparse.Namespace) -> Workload:
+    """One cell from --dataset or --trace, read (and checked line by line) before any request."""
+    if args.input_len is not None or args.output_len is not None:
+        raise UsageError("--input-len/--output-len come from the --dataset or --trace file")
+    if args.trace_time_scale <= 0:
+        raise UsageError("--trace-time-scale must be > 0")
+    if args.dataset:
+        if args.concurrency is None and args.request_rate is None:
+            raise UsageError("--dataset needs --concurrency or --request-rate")
+        spec: dict[str, Any] = {"path": args.dataset}
+        key = "dataset"
+    else:
+        if args.request_rate is not None:
+            raise UsageError("--request-rate does not apply to --trace (its timestamps set the "
+                             "arrivals; --trace-time-scale speeds them up)")
+        spec = {"path": args.trace, "time_scale": args.trace_time_scale}
+        key = "trace"
+    if args.num_prompts is not None:
+        spec["num_prompts"] = args.num_prompts
+    cell: dict[str, Any] = {"source": {key: spec}, "concurrency": args.concurrency or 100_000}
+    if args.request_rate is not None:
+        cell["request_rate"] = args.request_rate
+    return parse_workload({"name": "cli", "cells": [cell]}, "(command line)")
+
+
 def _workload(args: argparse.Namespace) -> Workload:
     single = [args.concurrency, args.input_len, args.output_len]
+    if args.dataset and args.trace:
+        raise UsageError("give --dataset or --trace, not both")
     if args.workload:
-        if any(v is not None for v in single + [args.num_prompts, args.request_rate]):
+        if any(v is not None for v in single + [args.num_prompts, args.request_rate,
+                                                args.dataset, args.trace]):
             raise UsageError("give either --workload or --concurrency/--input-len/--output-len, not both")
         return load_workload(args.workload)
+    if args.dataset or args.trace:
+        return _source_workload(args)
     if any(v is None for v in single):
         raise UsageError("give --workload FILE, or --concurrency, --input-len and --output-len")
     if args.concurrency < 1 or args.input_len < 0 or args.output_len < 1:
@@ -63,6 +105,10 @@ def _workload(args: argparse.Namespace) -> Workload:
     num = args.num_prompts if args.num_prompts is not None else 4 * args.concurrency
     cell = Cell(args.concurrency, args.input_len, args.output_len, num, request_rate=args.request_rate)
     return Workload("cli", 0, DEFAULT_WARMUP, (cell,))
+
+
+def _has_tokenizer(path: str | None) -> bool:
+    return path is not None and (Path(path) / "tokenizer.json").is_file()
 
 
 def _health_url(url: str, path: str) -> str | None:
@@ -82,6 +128,21 @@ def _health_url(url: str, path: str) -> str | None:
     return health
 
 
+def _capacity(args: argparse.Namespace, workload: Workload, extra: dict[str, Any],
+              health: str | None, seed: int) -> CapacityResult:
+    spec = workload.capacity
+    assert spec is not None
+    result = http_capacity(args.url, workload.cells[spec.cell], spec, workload.slo, seed=seed,
+                           model_name=args.model, api=args.api, request_extra=extra,
+                           tokenizer_dir=args.tokenizer, health_url=health,
+                           stall_timeout_s=args.stall_timeout)
+    for step in result.steps:
+        print("capacity step: " + " ".join(f"{k}={v}" for k, v in step.row().items()))
+    bound = " (max_rate: at least)" if result.at_bound else ""
+    print(f"capacity: {result.capacity_rps:.3g} req/s{bound} in {len(result.steps)} load steps")
+    return result
+
+
 def run(args: argparse.Namespace) -> int:
     try:
         extra = json.loads(args.extra_body)
@@ -92,6 +153,11 @@ def run(args: argparse.Namespace) -> int:
     if args.stall_timeout <= 0:
         raise UsageError("--stall-timeout must be > 0")
     workload = _workload(args)
+    if args.capacity and (workload.capacity is None or not workload.slo):
+        raise UsageError("--capacity needs a --workload with capacity: and slo: sections")
+    if any(c.source is not None for c in workload.cells) and not _has_tokenizer(args.tokenizer):
+        print("note: no tokenizer.json (--tokenizer): prompt lengths are approximate "
+              "(one word per token); the server's usage counts are reported", file=sys.stderr)
     health = _health_url(args.url, args.health_path)
     seed = args.seed if args.seed is not None else workload.seed
 
@@ -106,8 +172,15 @@ def run(args: argparse.Namespace) -> int:
         stall_timeout_s=args.stall_timeout, slo_ms=workload.goodput_slo_ms() or None,
         on_cell=show, progress=not args.no_progress)
     print(format_table(results))
+    capacity = None
+    if args.capacity and len(results) == len(workload.cells) and \
+            not any(r.error_class for r in results):
+        capacity = _capacity(args, workload, extra, health, seed)
     if args.output:
         json_path, csv_path = write_results(results, args.output)
+        if capacity is not None:
+            cap_path = json_path.with_suffix(".capacity.json")
+            cap_path.write_text(json.dumps(capacity.record(), indent=1))
         print(f"wrote {json_path} and {csv_path}")
     complete = len(results) == len(workload.cells) and all(r.error_class is None for r in results)
     return 0 if complete else 1

@@ -121,6 +121,8 @@ def _setup(args: argparse.Namespace, stack: contextlib.ExitStack) -> _Setup:
     objectives = parse_objectives(args.objective or workload.objectives or list(DEFAULT_OBJECTIVES))
     for metric in (workload.slo or {}):
         check_metric(metric, f"{args.workload}: slo")
+    if workload.capacity is None and any(o.metric == "capacity_rps" for o in objectives):
+        raise UsageError(f"{args.workload}: objective capacity_rps needs a capacity: section")
     gpu_index = args.gpu_index if args.gpu_index is not None else (None if args.simulate else 0)
     gpu_state = read_gpu(gpu_index) if gpu_index is not None else None
     capacity = capacity_bytes(args, gpu_state)

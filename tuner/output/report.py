@@ -20,6 +20,7 @@ import plotly.offline
 
 from tuner.output import envfile, figures
 from tuner.output.knob_check import knob_report
+from tuner.output.load_curves import load_curves
 from tuner.output.select import Choice, study_objectives
 from tuner.study.record import StudyInfo, TrialRecord, records
 
@@ -65,6 +66,9 @@ def build_figures(study: optuna.Study, choice: Choice | None) -> dict[str, go.Fi
     memory = figures.memory_headroom(trials)
     if memory is not None:
         figs["memory"] = memory
+    curves = load_curves(trials, pareto, default_trial(trials))
+    if curves is not None:
+        figs["capacity"] = curves
     return figs
 
 

@@ -20,7 +20,7 @@ WORST_LATENCY_MS = 600_000.0  # ten minutes: longer than any request we would ac
 _METRIC_PREFIXES = ("mean_", "median_", "std_", "p50_", "p90_", "p99_")
 _LATENCIES = ("ttft", "tpot", "itl", "e2el")
 _THROUGHPUTS = ("output_throughput", "total_token_throughput", "request_throughput",
-                "request_goodput")
+                "request_goodput", "capacity_rps")  # capacity_rps: tuner.bench.capacity
 
 
 def known_metrics() -> list[str]:
@@ -31,7 +31,8 @@ def known_metrics() -> list[str]:
 def check_metric(name: str, where: str) -> str:
     if name not in known_metrics():
         raise UsageError(f"{where}: unknown metric '{name}' (known: output_throughput, "
-                         "total_token_throughput, request_throughput, {mean,median,p50,p90,p99}_"
+                         "total_token_throughput, request_throughput, capacity_rps, "
+                         "{mean,median,p50,p90,p99}_"
                          "{ttft,tpot,itl,e2el}_ms)")
     return name
 

@@ -13,11 +13,15 @@ from typing import Any
 
 import yaml
 
+from tuner.bench.capacity import CapacitySpec, parse_capacity
+from tuner.bench.prompts import PromptMaker
 from tuner.bench.records import Cell, Warmup
+from tuner.bench.sources import parse_source
 from tuner.errors import UsageError
 
-TOP_KEYS = ("name", "seed", "warmup", "defaults", "cells", "objectives", "slo")
-CELL_KEYS = ("concurrency", "input_len", "output_len", "num_prompts", "duration_s", "request_rate")
+TOP_KEYS = ("name", "seed", "warmup", "defaults", "cells", "objectives", "slo", "capacity")
+CELL_KEYS = ("concurrency", "input_len", "output_len", "num_prompts", "duration_s", "request_rate",
+             "source")
 WARMUP_KEYS = ("requests", "input_len", "output_len")
 DEFAULT_KEYS = ("num_prompts_per_concurrency",)
 DEFAULT_PROMPTS_PER_CONCURRENCY = 4
@@ -33,6 +37,7 @@ class Workload:
     cells: tuple[Cell, ...]
     objectives: tuple[str, ...] = ()
     slo: dict[str, float] = field(default_factory=dict)
+    capacity: CapacitySpec | None = None
 
     def goodput_slo_ms(self) -> dict[str, float]:
         """Per-request limits for `request_goodput`, read off the aggregate SLOs: a p99 TTFT limit
@@ -67,6 +72,10 @@ def parse_workload(data: Any, source: str, extra_keys: Iterable[str] = ()) -> Wo
     if not isinstance(raw_cells, list) or not raw_cells:
         raise UsageError(f"{source}: cells: must be a non-empty list of cells")
     cells = tuple(_cell(c, source, f"cells[{i}]", per_conc) for i, c in enumerate(raw_cells))
+    raw_capacity = top.get("capacity")
+    capacity = None
+    if raw_capacity is not None:
+        capacity = parse_capacity(raw_capacity, source, len(cells))
     warmup = DEFAULT_WARMUP
     if "warmup" in top:
         if top["warmup"] is None:
@@ -81,7 +90,7 @@ def parse_workload(data: Any, source: str, extra_keys: Iterable[str] = ()) -> Wo
         raise UsageError(f"{source}: name: must be a non-empty string")
     seed = _int(top, "seed", source, "", None, 0)
     return Workload(name, seed, warmup, cells, _objectives(top.get("objectives", []), source),
-                    _slo(top.get("slo", {}), source))
+                    _slo(top.get("slo", {}), source), capacity)
 
 
 def _mapping(value: Any, source: str, where: str, allowed: Iterable[str]) -> Mapping[str, Any]:
@@ -119,6 +128,8 @@ def _positive(m: Mapping[str, Any], key: str, source: str, where: str) -> float 
 
 def _cell(raw: Any, source: str, where: str, per_conc: int) -> Cell:
     c = _mapping(raw, source, where, CELL_KEYS)
+    if "source" in c:
+        return _source_cell(c, source, where)
     concurrency = _int(c, "concurrency", source, where, 1, None)
     input_len = _int(c, "input_len", source, where, 0, None)
     output_len = _int(c, "output_len", source, where, 1, None)
@@ -128,6 +139,21 @@ def _cell(raw: Any, source: str, where: str, per_conc: int) -> Cell:
         num_prompts = concurrency * per_conc
     return Cell(concurrency, input_len, output_len, num_prompts, duration,
                 _positive(c, "request_rate", source, where))
+
+
+def _source_cell(c: Mapping[str, Any], source: str, where: str) -> Cell:
+    """A cell whose requests come from a dataset, trace or shared-prefix source; its input_len and
+    output_len are the source's largest (counted in words: the model's tokenizer is not known
+    here), which is what `--max-new-tokens` is rendered from."""
+    for key in ("input_len", "output_len", "num_prompts"):
+        if key in c:
+            raise UsageError(f"{source}: {where}.{key}: set by the source (give it there)")
+    src = parse_source(c["source"], Path(source).parent, f"{source}: {where}.source")
+    specs = src.requests(0, PromptMaker(None))
+    return Cell(_int(c, "concurrency", source, where, 1, None),
+                max(s.input_len for s in specs), max(s.output_len for s in specs), len(specs),
+                _positive(c, "duration_s", source, where),
+                _positive(c, "request_rate", source, where), src)
 
 
 def _objectives(value: Any, source: str) -> tuple[str, ...]:

@@ -54,6 +54,7 @@ class SimConfig:
     time_scale: float = 1.0
     seed: int = 0
     jitter: float = 0.0
+    prefix_caching: bool = True
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -76,6 +77,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="accepted; both are 2 bytes, so the model's own dtype sets the sizes")
     p.add_argument("--ignore-eos", action="store_true",
                    help="accepted; simulated requests always run to max_tokens (no EOS model)")
+    p.add_argument("--disable-prefix-caching", action="store_true",
+                   help="turn off block-level prefix caching (upstream InfiniLM's flag)")
     p.add_argument("--gpu", default="rtx4090", help="GPU profile (tuner.sim.profiles)")
     p.add_argument("--time-scale", type=float, default=1.0,
                    help="simulated seconds per wall second")
@@ -148,4 +151,5 @@ def parse_config(argv: Sequence[str], env: Mapping[str, str]) -> SimConfig:
         time_scale=ns.time_scale,
         seed=ns.seed,
         jitter=ns.jitter,
+        prefix_caching=not ns.disable_prefix_caching,
     )

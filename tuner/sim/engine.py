@@ -20,59 +20,28 @@ patch to it (see ../shared/DESIGN.md):
 Every forward is checked against `MemoryModel.forward_peak`; one that overflows kills the step
 loop as InfiniLM's does (the engine stops, nothing more is produced).  To stay cheap, runs of
 identical decode steps (the whole running set, nothing arriving or finishing) are advanced in
-bulk with numpy instead of one Python iteration per token.
+bulk with numpy instead of one Python iteration per token.  Prefix caching: tuner.sim.prefix_cache.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass, field
 
 import numpy as np
 
 from tuner.search.model import ModelInfo
 from tuner.sim.config import SimConfig
 from tuner.sim.memory import MemoryModel
+from tuner.sim.prefix_cache import PrefixCache
 from tuner.sim.profiles import GpuProfile
+from tuner.sim.requests import SimRequest
+from tuner.sim.startup import StartupFailure, check_startup
 from tuner.sim.timing import StepTimer
 
+__all__ = ["Engine", "SimRequest", "StartupFailure"]
+
 LogFn = Callable[[str], None]
-
-
-@dataclass(eq=False)
-class SimRequest:
-    """One request inside the engine; `token_times` are simulated seconds."""
-
-    rid: int
-    arrival: float
-    prompt_len: int
-    max_tokens: int
-    blocks: int = 0
-    token_times: list[float] = field(default_factory=list)
-    finished: bool = False
-    error: str | None = None
-    deferred_logged: bool = False
-
-    @property
-    def generated(self) -> int:
-        return len(self.token_times)
-
-    @property
-    def context(self) -> int:
-        return self.prompt_len + self.generated
-
-    @property
-    def remaining(self) -> int:
-        return self.max_tokens - self.generated
-
-
-class StartupFailure(Exception):
-    """The server cannot start; `log_lines` are what InfiniLM prints, exit status 3."""
-
-    def __init__(self, reason: str, log_lines: list[str]) -> None:
-        super().__init__(reason)
-        self.log_lines = log_lines
 
 
 class Engine:
@@ -87,48 +56,28 @@ class Engine:
         self._rng = np.random.default_rng(cfg.seed)
         self.clock = 0.0
         self.free_blocks = cfg.num_blocks
+        self.cache = PrefixCache(cfg.prefix_caching)
         self.waiting: list[SimRequest] = []
         self.running: list[SimRequest] = []
         self.failed: str | None = None
         self.peak_bytes = self.memory.idle_bytes
         self.steps = 0
         self._next_id = 0
-        self._check_startup()
-
-    # ----- start-up -------------------------------------------------------------------------
-    def _check_startup(self) -> None:
-        """Raise `StartupFailure` for the failures InfiniLM shows before serving."""
-        quirk = self.gpu.compile_failures.get(self.cfg.block_size)
-        if quirk and self.cfg.enable_graph:
-            raise StartupFailure(quirk, [
-                f"RuntimeError: {quirk}",
-                "RankWorker failed to initialize",
-                "Application startup failed. Exiting.",
-            ])
-        budget = self.knobs.max_num_batched_tokens
-        if budget is not None and not 1024 <= budget <= self.model.max_position_embeddings:
-            msg = (f"AssertionError: INFINILM_MAX_NUM_BATCHED_TOKENS={budget} must be in "
-                   f"[1024, {self.model.max_position_embeddings}] with paged attention")
-            raise StartupFailure(msg, [msg, "Application startup failed. Exiting."])
-        if not self.memory.fits_at_startup():
-            mib = self.memory.pool_bytes >> 20
-            raise StartupFailure("KV cache does not fit", [
-                f"Error Code 2 in cudaMalloc: out of memory allocating KV cache ({mib} MiB)",
-                "RankWorker failed to initialize",
-                "Application startup failed. Exiting.",
-            ])
+        check_startup(model, gpu, cfg, self.memory)
 
     # ----- requests -------------------------------------------------------------------------
     def blocks_needed(self, prompt_len: int, max_tokens: int) -> int:
         return math.ceil((prompt_len + max_tokens) / self.cfg.block_size)
 
-    def submit(self, prompt_len: int, max_tokens: int, arrival: float) -> SimRequest:
-        """Queue a request that reached the server at simulated time `arrival`.
+    def submit(self, prompt_len: int, max_tokens: int, arrival: float,
+               hashes: tuple[int, ...] = ()) -> SimRequest:
+        """Queue a request that reached the server at simulated time `arrival`; `hashes` are its
+        prompt's full-block hashes (tuner.sim.prefix_cache), empty when nothing is shared.
 
         A request that can never run (more blocks than the pool, or longer than the model's
         context) fails at once with a reason instead of waiting forever as upstream would.
         """
-        req = SimRequest(self._next_id, arrival, prompt_len, max_tokens)
+        req = SimRequest(self._next_id, arrival, prompt_len, max_tokens, hashes=hashes)
         self._next_id += 1
         need = self.blocks_needed(prompt_len, max_tokens)
         if need > self.cfg.num_blocks:
@@ -162,22 +111,35 @@ class Engine:
             long = self._is_long(req)
             if long and (n_long >= long_cap or (k.decode_first_when_running and self.running)):
                 continue
-            if batch and tokens + req.prompt_len > budget:
+            hits = self.cache.hits(req.hashes, req.prompt_len, self.cfg.block_size)
+            compute = req.prompt_len - hits * self.cfg.block_size
+            if batch and tokens + compute > budget:
                 break
-            need = self.blocks_needed(req.prompt_len, req.max_tokens)
-            if need > self.free_blocks:
+            need = self.blocks_needed(req.prompt_len, req.max_tokens) - hits
+            if need > self.free_blocks + self.cache.evictable(req.hashes[:hits]):
                 if not req.deferred_logged:
                     self._log(f"Insufficient KV cache blocks for request {req.rid}, deferring.")
                     req.deferred_logged = True
                 break
-            self.free_blocks -= need
-            req.blocks = need
+            self._allocate(req, hits, need)
             batch.append(req)
-            tokens += req.prompt_len
+            tokens += compute
             n_long += long
         for req in batch:
             self.waiting.remove(req)
         return batch
+
+    def _allocate(self, req: SimRequest, hits: int, need: int) -> None:
+        """Reference the `hits` cached blocks, evict idle ones if the free list is short, and
+        take `need` fresh blocks (private until the prefill registers their hashes)."""
+        req.held = list(req.hashes[:hits])
+        self.cache.acquire(req.held)
+        self.free_blocks += self.cache.evict(need - self.free_blocks)
+        self.free_blocks -= need
+        req.blocks = need
+        req.cached_tokens = hits * self.cfg.block_size
+        self.cache.hit_tokens += req.cached_tokens
+        self.cache.prompt_tokens += req.prompt_len
 
     def _pick_decode(self) -> list[SimRequest]:
         """Running requests to decode this step, round-robin, within the caps."""
@@ -212,10 +174,26 @@ class Engine:
     def _finish(self, req: SimRequest) -> None:
         req.finished = True
         self.free_blocks += req.blocks
+        self.cache.release(req.held)
         self.running.remove(req)
 
+    def abort(self, req: SimRequest) -> None:
+        """Drop a queued or running request whose client is gone (vLLM does the same)."""
+        if req.finished:
+            return
+        req.finished, req.error = True, "aborted"
+        if req in self.running:
+            self._finish(req)
+        elif req in self.waiting:
+            self.waiting.remove(req)
+
+    def abort_all(self) -> None:
+        """Drop every queued and running request (clients gone), keeping the cache."""
+        for req in self.waiting + self.running:
+            self.abort(req)
+
     def _prefill(self, batch: list[SimRequest]) -> list[SimRequest]:
-        lens = [r.prompt_len for r in batch]
+        lens = [r.prompt_len - r.cached_tokens for r in batch]
         live = sum(r.context for r in self.running)
         peak = self.memory.forward_peak(sum(lens), live)
         if peak > self.memory.capacity_bytes:
@@ -226,6 +204,11 @@ class Engine:
         self.steps += 1
         done = []
         for req in batch:
+            if self.cache.enabled:
+                own = req.hashes[len(req.held):req.prompt_len // self.cfg.block_size]
+                taken = self.cache.register(own)
+                req.held += taken
+                req.blocks -= len(taken)
             req.token_times.append(self.clock)
             self.running.append(req)
             if req.remaining == 0:
@@ -270,6 +253,11 @@ class Engine:
                       f"decode of {b} requests")
         return done
 
+    @property
+    def submitted(self) -> int:
+        """Requests submitted since start, rejected ones included."""
+        return self._next_id
+
     def idle(self) -> bool:
         return not self.running and not self.waiting
 
@@ -293,7 +281,10 @@ class Engine:
             if batch:
                 done = self._prefill(batch)
             elif self.running:
-                done = self._decode(self._pick_decode(), until)
+                # a queued arrival ends a bulk decode run: the next step may be its prefill
+                # (the HTTP server queues requests before their simulated arrival comes)
+                arrivals = [r.arrival for r in self.waiting if r.arrival > self.clock]
+                done = self._decode(self._pick_decode(), min([until, *arrivals]))
                 if not done and self.clock >= until:
                     return []
             else:

@@ -35,3 +35,17 @@ def chat_prompt_tokens(messages: Any) -> int:
 def completion_prompt_tokens(prompt: Any) -> int:
     """Tokens of a raw completion prompt (at least one: the BOS token)."""
     return max(1, words(prompt) if not isinstance(prompt, list) else sum(map(words, prompt)))
+
+
+def chat_prompt_words(messages: Any) -> list[str]:
+    """The token stream a chat request stands for, for the prefix cache's block hashes: the
+    template's tokens (the same for every request), then each message's words."""
+    out = ["<|template|>"] * CHAT_TEMPLATE_TOKENS
+    if isinstance(messages, list):
+        for m in messages:
+            if isinstance(m, dict):
+                content = m.get("content", "")
+                if isinstance(content, list):
+                    content = " ".join(p.get("text", "") for p in content if isinstance(p, dict))
+                out += content.split() if isinstance(content, str) else []
+    return out

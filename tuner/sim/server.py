@@ -20,7 +20,8 @@ from typing import Any
 from aiohttp import web
 
 from tuner.sim.engine import Engine, SimRequest
-from tuner.sim.prompts import chat_prompt_tokens, completion_prompt_tokens
+from tuner.sim.prefix_cache import token_block_hashes
+from tuner.sim.prompts import chat_prompt_tokens, chat_prompt_words, completion_prompt_tokens
 
 TICK_S = 0.002
 SHUTDOWN_GRACE_S = 0.5
@@ -86,7 +87,11 @@ class SimServer:
             or self.default_max_tokens
         if not isinstance(max_tokens, int) or max_tokens < 1:
             return _error(400, "max_tokens must be a positive integer")
-        req = self.engine.submit(prompt, max_tokens, self.sim_now())
+        hashes: tuple[int, ...] = ()
+        if chat and self.engine.cache.enabled:
+            words = chat_prompt_words(body.get("messages"))
+            hashes = tuple(token_block_hashes(words, self.engine.cfg.block_size))
+        req = self.engine.submit(prompt, max_tokens, self.sim_now(), hashes)
         if req.error:
             return _error(400, req.error)
         model = body.get("model") or self.model_name
@@ -113,7 +118,11 @@ class SimServer:
         kind = "chat.completion.chunk" if chat else "text_completion"
         sent = 0
         while not (req.finished and sent == req.generated):
-            await self._next_tick()
+            try:
+                await self._next_tick()
+            except asyncio.CancelledError:  # the client hung up: stop working for it
+                self.engine.abort(req)
+                raise
             now = self.sim_now()
             ready = sent
             while ready < req.generated and req.token_times[ready] <= now:

@@ -67,6 +67,7 @@ class TrialRecord:
     worker: str | None = None
     config_key: str | None = None
     sim_seconds: float | None = None
+    capacity_search: Mapping[str, Any] | None = None  # tuner.bench.capacity.CapacityResult.record
 
     @classmethod
     def of(cls, t: FrozenTrial) -> TrialRecord:
@@ -86,7 +87,7 @@ class TrialRecord:
             peak_bytes=_int(a, "peak_bytes"), repeats=a.get("repeats"),
             cached_from=_int(a, _CACHED_FROM), is_default=bool(a.get("is_default")),
             worker=a.get(_WORKER), config_key=a.get("config_key"),
-            sim_seconds=a.get("sim_seconds"))
+            sim_seconds=a.get("sim_seconds"), capacity_search=a.get("capacity_search"))
 
     @property
     def measured(self) -> bool:
@@ -173,7 +174,8 @@ def write_result(trial: optuna.Trial, result: TrialResult, outcome: str) -> None
         "predicted_peak_bytes": result.predicted_peak_bytes,
         "capacity_bytes": result.capacity_bytes, "screen_metrics": result.screen_metrics,
         "estimated": result.estimated or None, "cell_order": result.cell_order,
-        "repeats": result.repeats, "first_run_metrics": result.first_run_metrics})
+        "repeats": result.repeats, "first_run_metrics": result.first_run_metrics,
+        "capacity_search": result.capacity_search})
 
 
 def claim(trial: optuna.Trial, worker: str) -> None:

@@ -17,10 +17,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from tuner.bench.capacity import CapacityResult
 from tuner.bench.records import Cell
 from tuner.bench.runner import CellResult
 from tuner.server.outcome import Evidence, classify
 from tuner.sim import SimCellResult, StartupFailure, simulate
+from tuner.sim.capacity_run import sim_capacity
 from tuner.trial.context import TrialContext
 from tuner.trial.result import KeepGoing, TrialResult, aggregate, cell_row, drive
 
@@ -35,14 +37,28 @@ class InProcessRunner:
     seed: int = 0
     simulate_fn: SimulateFn = simulate
 
+    def _capacity_hook(self, ctx: TrialContext, cells: list[Cell],
+                       out: list[CapacityResult]) -> dict[str, Any]:
+        """simulate()'s `after=`: the workload's capacity search on the engine the cells ran on
+        (full matrix only: a screening stage measures no capacity)."""
+        spec = ctx.workload.capacity
+        if spec is None or cells != list(ctx.workload.cells):
+            return {}
+        cell, slo = cells[spec.cell], ctx.workload.slo
+        return {"after": lambda engine: out.append(
+            sim_capacity(engine, cell, spec, slo, self.seed, ctx.space.server.api))}
+
     def __call__(self, ctx: TrialContext, params: dict[str, Any], trial_dir: Path,
                  cells: Sequence[Cell] | None = None, keep_going: KeepGoing | None = None,
                  on_cell: Callable[[CellResult], None] | None = None) -> TrialResult:
         t0 = time.monotonic()
         cells = list(ctx.workload.cells if cells is None else cells)
         argv, env = ctx.render(params, cells=cells, simulate=self.gpu, in_process=True)
+        capacity: list[CapacityResult] = []
+        hook = self._capacity_hook(ctx, cells, capacity)
         try:
-            sims = self.simulate_fn(ctx.model_dir, self.gpu, argv, env, cells, seed=self.seed)
+            sims = self.simulate_fn(ctx.model_dir, self.gpu, argv, env, cells, seed=self.seed,
+                                    **hook)
         except StartupFailure as exc:
             ev = Evidence("\n".join(exc.log_lines), became_healthy=False, exit_code=3,
                           health_failed=False, cell_errors=())
@@ -60,9 +76,16 @@ class InProcessRunner:
         log = "\n".join(ran[-1].log) if ran else ""
         ev = Evidence(log, became_healthy=True, exit_code=None, health_failed=failed,
                       cell_errors=tuple(r.error_class for r in results if r.error_class))
+        metrics = aggregate(results)
+        sim_seconds = float(sum(s.duration_s for s in ran))
+        found = capacity[0] if capacity and not failed and len(results) == len(cells) else None
+        if found is not None:  # a run stopped by screening never reaches the capacity search
+            metrics["capacity_rps"] = found.capacity_rps
+            sim_seconds += found.cost_s
         return TrialResult(
-            classify(ev, ctx.space.failure_patterns), aggregate(results),
+            classify(ev, ctx.space.failure_patterns), metrics,
             [cell_row(r) for r in results], argv, env, time.monotonic() - t0,
-            sim_seconds=float(sum(s.duration_s for s in ran)),
+            sim_seconds=sim_seconds,
             peak_bytes=int(max(s.peak_bytes for s in ran)) if ran else None,
-            idle_bytes=int(ran[0].idle_bytes) if ran else None)
+            idle_bytes=int(ran[0].idle_bytes) if ran else None,
+            capacity_search=found.record() if found is not None else None)

@@ -38,6 +38,7 @@ class TrialResult:
     idle_bytes: int | None = None            # memory in use once healthy, before any request
     peak_bytes: int | None = None            # the simulator's peak (a real card: not known)
     sim_seconds: float | None = None         # simulated time of the cells (in-process runner)
+    capacity_search: dict[str, Any] | None = None  # the load steps (tuner.bench.capacity)
     memory: dict[str, Any] | None = None     # the memory estimate's parts (trial.prescreen)
     predicted_peak_bytes: int | None = None
     capacity_bytes: int | None = None

@@ -12,6 +12,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from tuner.bench.capacity_http import http_capacity
 from tuner.bench.records import Cell
 from tuner.bench.runner import CellResult, run_cells
 from tuner.server.gpu import read_gpu, wait_until_free
@@ -19,6 +20,20 @@ from tuner.server.outcome import Evidence, classify
 from tuner.server.process import ServerProcess, free_port
 from tuner.trial.context import HOST, TrialContext
 from tuner.trial.result import KeepGoing, TrialResult, aggregate, cell_row, drive
+
+
+def _capacity(ctx: TrialContext, server: ServerProcess, cells: list[Cell]) -> dict[str, Any] | None:
+    """The workload's capacity search, on the server the cells just ran on (full matrix only)."""
+    spec = ctx.workload.capacity
+    if spec is None or cells != list(ctx.workload.cells):
+        return None
+    result = http_capacity(
+        server.base_url, cells[spec.cell], spec, ctx.workload.slo, seed=ctx.workload.seed,
+        model_name=ctx.model_name or ctx.space.server.model_name or ctx.model_dir,
+        api=ctx.space.server.api, request_extra=ctx.space.server.request_extra,
+        tokenizer_dir=ctx.model_dir, health_url=server.health_url,
+        stall_timeout_s=ctx.stall_timeout_s / ctx.scale)
+    return result.record()
 
 
 def run_trial(ctx: TrialContext, params: dict[str, Any], trial_dir: Path,
@@ -41,6 +56,7 @@ def run_trial(ctx: TrialContext, params: dict[str, Any], trial_dir: Path,
                            log_path=trial_dir / "server.log", record_path=trial_dir / "server.json")
     results: list[CellResult] = []
     idle_bytes = None
+    capacity = None
     health_failed = False
     _wait_for_gpu(ctx)
     with server:
@@ -52,6 +68,8 @@ def run_trial(ctx: TrialContext, params: dict[str, Any], trial_dir: Path,
                 idle_bytes = idle.used_bytes - ctx.gpu_baseline_bytes
             results = _drive_server(ctx, server, cells, trial_dir / "cells.jsonl",
                                     on_cell, keep_going)
+            if len(results) == len(cells) and not any(r.error_class for r in results):
+                capacity = _capacity(ctx, server, cells)
             state = server.health()
             health_failed = state.alive and state.status != 200
         exit_code = server.exit_code
@@ -60,9 +78,13 @@ def run_trial(ctx: TrialContext, params: dict[str, Any], trial_dir: Path,
                         health_failed=health_failed,
                         cell_errors=tuple(r.error_class for r in results if r.error_class),
                         first_error=next((r.error[:200] for r in results if r.error), ""))
+    metrics = aggregate(results)
+    if capacity is not None:
+        metrics["capacity_rps"] = capacity["capacity_rps"]
     return TrialResult(outcome=classify(evidence, ctx.space.failure_patterns),
-                       metrics=aggregate(results), cells=[cell_row(r) for r in results],
-                       argv=argv, env=env, wall_s=time.monotonic() - t0, idle_bytes=idle_bytes)
+                       metrics=metrics, cells=[cell_row(r) for r in results],
+                       argv=argv, env=env, wall_s=time.monotonic() - t0, idle_bytes=idle_bytes,
+                       capacity_search=capacity)
 
 
 def _wait_for_gpu(ctx: TrialContext) -> None:
