@@ -1,25 +1,41 @@
 """The `tuner` command line: one subcommand per module in `tuner/commands/`.
 
-User errors (`UsageError`) print one line and exit with status 2; Ctrl-C exits with 130 after
-the running trial has stopped its server.
+User errors (`UsageError`) print one line and exit with status 2; faults of the machine under
+the tuner (`FaultError`: storage gone for good, disk full) one line and status 3; Ctrl-C exits
+with 130 after the running trial has stopped its server.
 """
 
 from __future__ import annotations
 
 import argparse
+import errno
 import importlib
 import signal
 import sys
 from collections.abc import Sequence
 
 from tuner import __version__
-from tuner.errors import UsageError
+from tuner.errors import FaultError, UsageError
 
 COMMANDS = ("tune", "bench", "export", "inspect", "targets", "ablate")
 
 
 def _sigterm_to_interrupt(signum: int, frame: object) -> None:
     raise KeyboardInterrupt
+
+
+def fault_message(exc: BaseException) -> str | None:
+    """The machine's fault behind `exc`, if any: Optuna may raise its own error while failing a
+    trial on a full disk, with the real cause in the exception's context."""
+    seen: BaseException | None = exc
+    while seen is not None:
+        if isinstance(seen, FaultError):
+            return str(seen)
+        if isinstance(seen, OSError) and seen.errno == errno.ENOSPC:
+            return (f"disk full: {seen.filename or ''} {seen.strerror}; free space and run the "
+                    "same command to resume (completed trials are kept)")
+        seen = seen.__cause__ or seen.__context__
+    return None
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -45,6 +61,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     except UsageError as exc:
         print(f"tuner {args.command}: error: {exc}", file=sys.stderr)
         return 2
+    except Exception as exc:  # noqa: BLE001 - anything else is a bug and keeps its traceback
+        message = fault_message(exc)
+        if message is None:
+            raise
+        print(f"tuner {args.command}: error: {message}", file=sys.stderr)
+        return 3
     except KeyboardInterrupt:
         print(f"tuner {args.command}: interrupted; servers stopped", file=sys.stderr)
         return 130

@@ -12,7 +12,7 @@ import pytest
 
 from tuner.server import memcap as ballast, gpu
 from tuner.cli import main
-from tuner.errors import UsageError
+from tuner.errors import FaultError, UsageError
 from tuner.server.gpu import GpuState, wait_until_free
 from tuner.server.process import processes_matching
 from tuner.paths import REPO_ROOT
@@ -79,7 +79,7 @@ def test_the_tuners_own_ballast_is_not_a_foreign_process(monkeypatch):
     held = GpuState(index=0, name="H200", total_bytes=140 * GIB, used_bytes=116 * GIB, pids=(4242,))
     monkeypatch.setattr(gpu, "read_gpu", lambda index=0: held)
     assert wait_until_free(0, held.used_bytes, timeout_s=0.0, known_pids=(4242,)) is held
-    with pytest.raises(UsageError, match=r"busy .* processes \[4242\]"):
+    with pytest.raises(FaultError, match=r"busy .* processes \[4242\]"):
         wait_until_free(0, held.used_bytes, timeout_s=0.0)
 
 

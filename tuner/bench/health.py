@@ -20,6 +20,9 @@ HANG = "hang"
 POLL_INTERVAL_S = 0.5
 PROBE_TIMEOUT_S = 2.0
 MAX_PROBE_TIMEOUTS = 3  # a /health that stops answering altogether is a hang
+# A 5xx is believed when this many probes in a row say so (one poll interval apart); a 5xx
+# followed by a 200 is a flap, counted in `flaps`: the run goes on, the trial is judged flaky.
+UNHEALTHY_PROBES = 3
 
 
 class HealthWatch:
@@ -29,6 +32,7 @@ class HealthWatch:
         self.url = url
         self._session: aiohttp.ClientSession | None = None
         self._kick = asyncio.Event()
+        self.flaps = 0
 
     async def __aenter__(self) -> HealthWatch:
         self._session = aiohttp.ClientSession(
@@ -71,25 +75,38 @@ class HealthWatch:
             return 1.0
 
     async def watch(self, end: Callable[[str, str], None]) -> None:
-        """Call `end(error_class, reason)` once the server is bad, then return."""
-        timeouts = 0
-        while True:
-            cls, reason, _ = await self.probe()
-            if cls == HANG:
-                timeouts += 1
-                if timeouts >= MAX_PROBE_TIMEOUTS:
-                    end(HANG, reason)
+        """Call `end(error_class, reason)` once the server is bad, then return.  A 5xx not yet
+        confirmed when the watch is cancelled (the cell ended) counts as a flap."""
+        timeouts = bad = 0
+        try:
+            while True:
+                cls, reason, _ = await self.probe()
+                if cls == HANG:
+                    timeouts += 1
+                    if timeouts >= MAX_PROBE_TIMEOUTS:
+                        end(HANG, reason)
+                        return
+                elif cls == UNHEALTHY:
+                    bad += 1
+                    if bad >= UNHEALTHY_PROBES:
+                        bad = 0
+                        end(cls, reason)
+                        return
+                    await asyncio.sleep(POLL_INTERVAL_S)
+                    continue
+                elif cls is not None:
+                    end(cls, reason)
                     return
-            elif cls is not None:
-                end(cls, reason)
-                return
-            else:
-                timeouts = 0
-            try:
-                await asyncio.wait_for(self._kick.wait(), POLL_INTERVAL_S)
-            except asyncio.TimeoutError:
-                pass
-            self._kick.clear()
+                else:
+                    self.flaps += int(bad > 0)
+                    timeouts = bad = 0
+                try:
+                    await asyncio.wait_for(self._kick.wait(), POLL_INTERVAL_S)
+                except asyncio.TimeoutError:
+                    pass
+                self._kick.clear()
+        finally:
+            self.flaps += int(bad > 0)
 
 
 async def stall_watch(activity, stall_timeout_s: float, end: Callable[[str, str], None]) -> None:

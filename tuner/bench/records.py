@@ -84,7 +84,8 @@ class RequestRecord:
 class CellResult:
     """One cell's outcome.  `error_class` is None when every request completed; otherwise
     "unhealthy" / "server_died" / "hang" (the cell was cut short) or "http_error" (requests
-    failed while the server stayed up)."""
+    failed while the server stayed up: "http_error" when none succeeded, "partial" when some
+    did).  `health_flaps`: times /health answered 5xx and then recovered while the cell ran."""
 
     cell: Cell
     records: list[RequestRecord]
@@ -92,6 +93,7 @@ class CellResult:
     metrics: dict[str, float]
     error_class: str | None = None
     error: str = ""
+    health_flaps: int = 0
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON row: the cell's shape, then vllm-named metrics."""

@@ -26,7 +26,8 @@ from tuner.bench.metrics import cell_metrics
 from tuner.bench.prompts import PromptMaker, render_prompt
 from tuner.bench.records import Cell, CellResult, RequestRecord, Warmup
 
-HTTP_ERROR_CELL = "http_error"
+HTTP_ERROR_CELL = "http_error"  # requests failed and none succeeded: the workload is refused
+PARTIAL_CELL = "partial"        # some requests failed while others succeeded: a flaky server
 CUT_SHORT = "cut_short"  # a capacity step ended early by its watch: the server is fine
 FATAL = (UNHEALTHY, SERVER_DIED, HANG)  # the server is gone: later cells are not run
 Payloads = tuple[list[bytes], "list[float] | None"]  # request bytes, a trace's arrival offsets
@@ -89,15 +90,20 @@ class _CellRun:
             self.end(CUT_SHORT, "the SLOs can no longer be met (capacity step cut short)")
         if rec.ok:
             self.successes += 1
-        elif rec.error_class == HTTP_ERROR and self.successes == 0:
+        elif rec.error_class == HTTP_ERROR and self.successes == 0 and _refusal(rec):
             # the server refuses our requests (422 on ignore_eos, 400 on the model name): every
-            # later one would fail the same way
+            # later one would fail the same way; a 5xx is the server's fault, not the request's
             self.end(HTTP_ERROR_CELL, rec.error or "")
         elif rec.error_class in (CONNECTION_ERROR, STREAM_ERROR):
             if self.health is not None:
                 self.health.kick()
             elif rec.error_class == CONNECTION_ERROR:
                 self.end(SERVER_DIED, rec.error or "")
+
+
+def _refusal(rec: RequestRecord) -> bool:
+    """A 4xx answer: the request itself was refused (the client's "HTTP <status>: ..." text)."""
+    return (rec.error or "").startswith("HTTP 4")
 
 
 async def _closed_loop(run: _CellRun, deadline: float | None) -> None:
@@ -179,6 +185,7 @@ async def _run_cell(client: StreamClient, cell: Cell, payloads: Payloads, *,
     with tqdm(total=cell.num_prompts, desc=label or cell.key, unit="req", file=sys.stderr,
               disable=not progress, leave=True) as pbar:
         run = _CellRun(client, cell, payloads[0], health, pbar, payloads[1], watch)
+        flaps_before = health.flaps if health is not None else 0
         start = time.perf_counter()
         deadline = start + cell.duration_s / time_scale if cell.duration_s is not None else None
         if cell.request_rate is None and payloads[1] is None:
@@ -205,10 +212,12 @@ async def _run_cell(client: StreamClient, cell: Cell, payloads: Payloads, *,
     error_class, error = run.error_class, run.error
     failed = [r for r in records if not r.ok]
     if error_class is None and failed:
-        error_class = HTTP_ERROR_CELL
+        error_class = PARTIAL_CELL if len(failed) < len(records) else HTTP_ERROR_CELL
         error = f"{len(failed)} of {len(records)} requests failed; first: {failed[0].error}"
     duration = _duration(records, wall * time_scale)
-    return CellResult(cell, records, duration, cell_metrics(records, duration, slo_ms), error_class, error)
+    flaps = health.flaps - flaps_before if health is not None else 0
+    return CellResult(cell, records, duration, cell_metrics(records, duration, slo_ms), error_class,
+                      error, health_flaps=flaps)
 
 
 def _payloads(client: StreamClient, maker: PromptMaker, cell: Cell, rng: random.Random,

@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
+import os
 import sys
 import warnings
 from dataclasses import dataclass
@@ -37,6 +38,7 @@ from tuner.search.workload import load_workload
 from tuner.server import preflight
 from tuner.server.gpu import GpuState, read_gpu
 from tuner.server.memcap import CapSetup, memory_cap
+from tuner.sim.nvml import SIM_NVML_ENV
 from tuner.study.budget import finished, run_to_budget
 from tuner.study.create import create_or_load
 from tuner.study.objective import TrialObjective
@@ -123,7 +125,9 @@ def _setup(args: argparse.Namespace, stack: contextlib.ExitStack) -> _Setup:
         check_metric(metric, f"{args.workload}: slo")
     if workload.capacity is None and any(o.metric == "capacity_rps" for o in objectives):
         raise UsageError(f"{args.workload}: objective capacity_rps needs a capacity: section")
-    gpu_index = args.gpu_index if args.gpu_index is not None else (None if args.simulate else 0)
+    simulated_card = bool(os.environ.get(SIM_NVML_ENV))  # a simulated NVML stands for the GPU
+    gpu_index = args.gpu_index if args.gpu_index is not None else \
+        (None if args.simulate and not simulated_card else 0)
     gpu_state = read_gpu(gpu_index) if gpu_index is not None else None
     capacity = capacity_bytes(args, gpu_state)
     space = resolve_space(space, model, capacity, workload.cells)

@@ -7,10 +7,12 @@ card must hold no foreign compute process and be back at its idle baseline.
 
 from __future__ import annotations
 
+import os
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
-from tuner.errors import UsageError
+from tuner.errors import FaultError, UsageError
 
 
 @dataclass(frozen=True)
@@ -36,7 +38,11 @@ def _nvml():
 
 
 def read_gpu(index: int = 0) -> GpuState | None:
-    """The GPU's name, memory and compute processes, or None where NVML is unavailable."""
+    """The GPU's name, memory and compute processes, or None where NVML is unavailable.
+    With TUNER_SIM_NVML set, the simulated card of that file (tuner.sim.nvml)."""
+    if os.environ.get("TUNER_SIM_NVML"):
+        from tuner.sim.nvml import read_state  # the simulated card imports this module
+        return read_state(Path(os.environ["TUNER_SIM_NVML"]), index)
     nv = _nvml()
     if nv is None:
         return None
@@ -63,11 +69,28 @@ def wait_until_free(index: int, baseline_used: int, timeout_s: float, slack_byte
     while state is not None:
         if not set(state.pids) - set(known_pids) and state.used_bytes <= baseline_used + slack_bytes:
             return state
-        if time.monotonic() > deadline:
-            raise UsageError(
+        if time.monotonic() > deadline:  # the machine's state, not the input: exit 3, re-queued
+            raise FaultError(
                 f"GPU {index} is busy after {timeout_s:.0f} s: processes {list(state.pids)}, "
                 f"{state.used_bytes / 2**20:.0f} MiB used (idle baseline "
                 f"{baseline_used / 2**20:.0f} MiB); stop them or raise --gpu-wait")
         time.sleep(poll_s)
         state = read_gpu(index)
     return None
+
+
+def foreign_pids(index: int, known_pids: tuple[int, ...] = (), settle_s: float = 1.0,
+                 poll_s: float = 0.25) -> tuple[int, ...]:
+    """Processes other than `known_pids` on GPU `index` right after a trial's server stopped.
+
+    The server's group is gone by then; a process the driver still lists a moment later (its
+    context is being torn down) is given `settle_s` to leave.  What stays is someone else's:
+    it held part of the card while the trial ran, so the trial measured the wrong thing.
+    """
+    deadline = time.monotonic() + settle_s
+    while True:
+        state = read_gpu(index)
+        left = tuple(sorted(set(state.pids) - set(known_pids))) if state is not None else ()
+        if not left or time.monotonic() >= deadline:
+            return left
+        time.sleep(poll_s)

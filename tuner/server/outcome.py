@@ -13,9 +13,13 @@ import signal
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
+from tuner.server.process import PORT_TAKEN
+
 OK = "ok"
-FAILED_OUTCOMES = ("oom", "startup", "crash", "unhealthy", "hang")
-ALL_OUTCOMES = (OK, *FAILED_OUTCOMES, "rejected", "slo", "skipped")
+FAILED_OUTCOMES = ("oom", "startup", "crash", "unhealthy", "hang", "flaky")
+# Not the config's doing: the trial is failed (Optuna FAIL, not counted) and run again.
+RETRY_OUTCOMES = ("gpu_busy",)
+ALL_OUTCOMES = (OK, *FAILED_OUTCOMES, "rejected", "slo", "skipped", *RETRY_OUTCOMES)
 
 
 @dataclass(frozen=True)
@@ -28,6 +32,8 @@ class Evidence:
     health_failed: bool            # /health answered non-200 or stopped answering during the run
     cell_errors: tuple[str, ...]   # error classes of the cells that ended early
     first_error: str = ""          # the first request error message seen, for the reason
+    health_flaps: int = 0          # /health answered 5xx and recovered, this many times
+    foreign_pids: tuple[int, ...] = ()  # other processes found on the GPU after the run
 
 
 @dataclass(frozen=True)
@@ -60,14 +66,22 @@ def _exit_text(code: int) -> str:
 
 def classify(ev: Evidence, patterns: Mapping[str, Iterable[str]]) -> Outcome:
     """Classify a trial; the order of checks is the order of certainty."""
+    if ev.foreign_pids:
+        return Outcome("gpu_busy", f"process(es) {list(ev.foreign_pids)} took the GPU during the "
+                       "trial, so its figures (or its failure) are not the config's; run again")
     oom_line = first_match(ev.log_text, patterns.get("oom", ()))
     if oom_line:
         when = "at start-up" if not ev.became_healthy else "under load"
         return Outcome("oom", f"out of memory {when}: {oom_line}")
     if not ev.became_healthy:
+        taken = first_match(ev.log_text, [PORT_TAKEN.pattern])
+        if taken and ev.exit_code is not None:
+            return Outcome("startup", "another process kept taking the server's port between "
+                           f"the check and the launch (every attempt): {taken}")
         line = first_match(ev.log_text, patterns.get("startup", ())) or \
             first_match(ev.log_text, patterns.get("crash", ()))
-        how = _exit_text(ev.exit_code) if ev.exit_code is not None else "no healthy answer in time"
+        how = _exit_text(ev.exit_code) if ev.exit_code is not None else \
+            "no healthy answer within the start-up timeout; a slow server needs --startup-timeout"
         return Outcome("startup", f"server never became healthy ({how})" + (f": {line}" if line else ""))
     crash_line = first_match(ev.log_text, patterns.get("crash", ()))
     if ev.exit_code is not None or crash_line:
@@ -82,6 +96,12 @@ def classify(ev: Evidence, patterns: Mapping[str, Iterable[str]]) -> Outcome:
     if "http_error" in ev.cell_errors:
         return Outcome("rejected", "the server refused requests of this workload (HTTP 4xx/5xx)"
                        + (f": {ev.first_error}" if ev.first_error else ""))
+    if "partial" in ev.cell_errors:
+        return Outcome("flaky", "the server failed some requests and answered the rest"
+                       + (f": {ev.first_error}" if ev.first_error else ""))
     if ev.cell_errors:
         return Outcome("crash", f"requests failed: {', '.join(sorted(set(ev.cell_errors)))}")
+    if ev.health_flaps:
+        return Outcome("flaky", "/health answered 5xx and then recovered while every request "
+                       "completed")
     return Outcome(OK, "all cells completed")

@@ -13,6 +13,7 @@ import contextlib
 import ctypes
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -27,6 +28,8 @@ from tuner.errors import UsageError
 
 _PR_SET_PDEATHSIG = 1
 MARK_ENV = "TUNER_SERVER_RECORD"  # set to the server's record path in the server's environment
+# What servers print when bind() fails with EADDRINUSE (uvicorn, aiohttp, vLLM, Go, Rust)
+PORT_TAKEN = re.compile(r"(?i)address already in use|EADDRINUSE|errno 98\b")
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -142,15 +145,34 @@ class ServerProcess:
             time.sleep(poll_s)
         return False
 
-    def stop(self, grace_s: float = 3.0) -> None:
-        """TERM the whole group, then KILL it; wait until the port is released."""
+    def settled_health(self, probes: int = 3, interval_s: float = 0.5) -> tuple[bool, int]:
+        """(unhealthy, flaps) at the end of a run: a non-200 /health is believed when `probes`
+        looks in a row say so (as the runner's HealthWatch does); one that recovers is a flap."""
+        bad = 0
+        for _ in range(probes):
+            state = self.health()
+            if not state.alive:
+                return False, int(bad > 0)  # the exit status tells the story
+            if state.status == 200:
+                return False, int(bad > 0)
+            bad += 1
+            time.sleep(interval_s)
+        return True, 0
+
+    def port_taken(self) -> bool:
+        """The server exited because another process held its port (the bind failed)."""
+        return self.exit_code is not None and bool(PORT_TAKEN.search(self.log_text()))
+
+    def stop(self, grace_s: float = 3.0, wait_port: bool = True) -> None:
+        """TERM the whole group, then KILL it; wait until the port is released (unless
+        `wait_port` is False: another process holds it)."""
         if self.proc is not None:
             stop_group(self.proc.pid, grace_s, child=self.proc)
         if self._log is not None:
             self._log.close()
             self._log = None
         deadline = time.monotonic() + 5.0
-        while not port_is_free(self.port, self.host) and time.monotonic() < deadline:
+        while wait_port and not port_is_free(self.port, self.host) and time.monotonic() < deadline:
             time.sleep(0.05)
 
     def log_text(self) -> str:

@@ -55,6 +55,7 @@ class SimConfig:
     seed: int = 0
     jitter: float = 0.0
     prefix_caching: bool = True
+    faults: str = ""  # tuner.sim.faults spec; empty: no faults
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -85,6 +86,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--jitter", type=float, default=0.0,
                    help="relative std-dev of seeded noise on every step time")
+    p.add_argument("--faults", metavar="SPEC", default="",
+                   help="seeded fault injection, e.g. 'http500=0.1,cut=0.1,seed=3' "
+                        "(tuner.sim.faults; default: $TUNER_SIM_FAULTS)")
     return p
 
 
@@ -152,4 +156,5 @@ def parse_config(argv: Sequence[str], env: Mapping[str, str]) -> SimConfig:
         seed=ns.seed,
         jitter=ns.jitter,
         prefix_caching=not ns.disable_prefix_caching,
+        faults=ns.faults or env.get("TUNER_SIM_FAULTS", ""),
     )

@@ -14,12 +14,17 @@ from __future__ import annotations
 
 import asyncio
 import json
+import subprocess
+import sys
 import time
+from collections.abc import Callable
 from typing import Any
 
 from aiohttp import web
 
+from tuner.sim import nvml
 from tuner.sim.engine import Engine, SimRequest
+from tuner.sim.faults import ServerFaults
 from tuner.sim.prefix_cache import token_block_hashes
 from tuner.sim.prompts import chat_prompt_tokens, chat_prompt_words, completion_prompt_tokens
 
@@ -31,11 +36,14 @@ class SimServer:
     """Binds an `Engine` to the wall clock and serves it."""
 
     def __init__(self, engine: Engine, time_scale: float, model_name: str,
-                 default_max_tokens: int) -> None:
+                 default_max_tokens: int, faults: ServerFaults | None = None,
+                 log: Callable[[str], None] = print) -> None:
         self.engine = engine
         self.time_scale = time_scale
         self.model_name = model_name
         self.default_max_tokens = default_max_tokens
+        self.faults, self.log = faults, log
+        self._requests = 0
         self._wall0 = time.perf_counter()
         self._tick = asyncio.Condition()
 
@@ -60,6 +68,9 @@ class SimServer:
     # ----- endpoints ------------------------------------------------------------------------
     async def health(self, _: web.Request) -> web.Response:
         healthy = self.engine.failed is None
+        if healthy and self.faults is not None and self.faults.health_flaps():
+            self.log("sim fault: flap (/health answers 503 once)")
+            healthy = False
         body = {"status": "healthy" if healthy else "unhealthy",
                 "sim": {"time_scale": self.time_scale}}
         return web.json_response(body, status=200 if healthy else 503)
@@ -87,6 +98,9 @@ class SimServer:
             or self.default_max_tokens
         if not isinstance(max_tokens, int) or max_tokens < 1:
             return _error(400, "max_tokens must be a positive integer")
+        fault = self._fault()
+        if fault == "http500":
+            return _error(500, "simulated internal server error", "server_error")
         hashes: tuple[int, ...] = ()
         if chat and self.engine.cache.enabled:
             words = chat_prompt_words(body.get("messages"))
@@ -96,7 +110,7 @@ class SimServer:
             return _error(400, req.error)
         model = body.get("model") or self.model_name
         if body.get("stream"):
-            return await self._stream(request, req, model, chat)
+            return await self._stream(request, req, model, chat, fault)
         while not (req.finished and req.token_times[-1] <= self.sim_now()):
             await self._next_tick()
         text = _text(req.generated)
@@ -109,8 +123,34 @@ class SimServer:
              "sim_t": [round(t, 6) for t in req.token_times]},
             headers={"X-Tuner-Sim-Arrival": repr(req.arrival)})
 
+    def _fault(self) -> str | None:
+        """The injected fault of the request that just arrived (tuner.sim.faults), logged."""
+        index, self._requests = self._requests, self._requests + 1
+        if self.faults is None:
+            return None
+        fault = self.faults.request_fault(index)
+        if fault is not None:
+            self.log(f"sim fault: {fault} on request {index}")
+        if index == self.faults.grab_at:
+            self._grab_gpu()
+        return fault
+
+    def _grab_gpu(self) -> None:
+        """A foreign process appears on the simulated GPU, in its own session: stopping this
+        server does not stop it, it leaves by itself after `grab_s`."""
+        path = nvml.sim_nvml_path()
+        if path is None:
+            self.log("sim fault: gpu_grab skipped (no TUNER_SIM_NVML card)")
+            return
+        assert self.faults is not None
+        seconds, mib = self.faults.spec.opt("grab_s"), int(self.faults.spec.opt("grab_mib"))
+        proc = subprocess.Popen([sys.executable, "-c", f"import time; time.sleep({seconds})"],
+                                start_new_session=True, stdin=subprocess.DEVNULL)
+        nvml.add_process(path, proc.pid, mib * 2**20)
+        self.log(f"sim fault: gpu_grab by pid {proc.pid} ({mib} MiB for {seconds:g} s)")
+
     async def _stream(self, request: web.Request, req: SimRequest, model: str,
-                      chat: bool) -> web.StreamResponse:
+                      chat: bool, fault: str | None = None) -> web.StreamResponse:
         resp = web.StreamResponse(headers={
             "Content-Type": "text/event-stream", "Cache-Control": "no-cache",
             "X-Tuner-Sim-Arrival": repr(req.arrival)})
@@ -136,6 +176,12 @@ class SimServer:
             await _send(resp, {"id": f"sim-{req.rid}", "object": kind, "model": model,
                                "choices": [choice], "sim_t": [round(t, 6) for t in times]})
             sent = ready
+            if fault == "malformed":
+                await resp.write(b'data: {"id": "sim-' + str(req.rid).encode() + b'", "cho\n\n')
+                fault = None
+            elif fault == "cut" and request.transport is not None:
+                request.transport.close()  # no [DONE], no terminating chunk: a cut stream
+                return resp
         end = ({"index": 0, "delta": {}, "finish_reason": "length"} if chat
                else {"index": 0, "text": "", "finish_reason": "length"})
         await _send(resp, {"id": f"sim-{req.rid}", "object": kind, "model": model,
@@ -159,9 +205,8 @@ async def _send(resp: web.StreamResponse, payload: dict[str, Any]) -> None:
     await resp.write(b"data: " + json.dumps(payload).encode() + b"\n\n")
 
 
-def _error(status: int, message: str) -> web.Response:
-    return web.json_response({"error": {"message": message, "type": "invalid_request_error"}},
-                             status=status)
+def _error(status: int, message: str, kind: str = "invalid_request_error") -> web.Response:
+    return web.json_response({"error": {"message": message, "type": kind}}, status=status)
 
 
 def build_app(server: SimServer) -> web.Application:
@@ -181,8 +226,9 @@ def build_app(server: SimServer) -> web.Application:
     return app
 
 
-def serve(server: SimServer, host: str, port: int) -> None:
-    """Serve until SIGINT/SIGTERM; in-flight (possibly hung) handlers get `SHUTDOWN_GRACE_S`."""
+def serve(server: SimServer, host: str, port: int, ready: Callable[[], None] = lambda: None) -> None:
+    """Serve until SIGINT/SIGTERM; in-flight (possibly hung) handlers get `SHUTDOWN_GRACE_S`.
+    `ready()` runs once the port is bound (a bind failure raises OSError instead)."""
     web.run_app(build_app(server), host=host, port=port, shutdown_timeout=SHUTDOWN_GRACE_S,
-                print=None, access_log=None, handler_cancellation=True)
+                print=lambda _: ready(), access_log=None, handler_cancellation=True)
 

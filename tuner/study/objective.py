@@ -7,6 +7,7 @@ server dies.  FAIL is kept for the tuner's own faults, which teach the sampler n
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -15,7 +16,9 @@ from typing import TYPE_CHECKING, Any
 import optuna
 from optuna.trial import TrialState
 
+from tuner.errors import FaultError
 from tuner.search.objectives import Objective, slo_violations
+from tuner.server.outcome import RETRY_OUTCOMES
 from tuner.study import record as rec
 from tuner.study.recovery import worker_id
 from tuner.trial.context import TrialContext
@@ -78,11 +81,36 @@ class TrialObjective:
             return tuple(done.values)
         trial_dir = self.trials_dir / str(trial.number)
         rec.set_provenance(trial, trial_dir=str(trial_dir))
-        if self.pipeline is not None:
-            result = self.pipeline.run(study, params, trial_dir)
-        else:
-            result = run_trial(self.ctx, params, trial_dir)
-        return record(trial, result, self.objectives, self.ctx.workload.slo or {})
+        try:
+            if self.pipeline is not None:
+                result = self.pipeline.run(study, params, trial_dir)
+            else:
+                result = run_trial(self.ctx, params, trial_dir)
+            if result.outcome.kind in RETRY_OUTCOMES:
+                return _retry_later(trial, result)
+            return record(trial, result, self.objectives, self.ctx.workload.slo or {})
+        except (FaultError, OSError):
+            _requeue_if_possible(trial)
+            raise
+
+
+def _requeue_if_possible(trial: optuna.Trial) -> None:
+    """The machine failed under this trial (disk full, storage gone): Optuna will fail it, so
+    queue its config again for the resumed study.  If the storage cannot take that, the trial
+    stays RUNNING and the resumed study's recovery re-queues it instead."""
+    with contextlib.suppress(FaultError, optuna.exceptions.StorageInternalError):
+        rec.write_trial(trial, {"outcome": "interrupted"})
+        trial.study.enqueue_trial(trial.params, user_attrs=rec.retry_mark(trial.number))
+
+
+def _retry_later(trial: optuna.Trial, result: TrialResult) -> tuple[float, ...]:
+    """A trial spoilt by something outside the config (a foreign process on the GPU): queue the
+    same config again and fail this one.  NaN values are Optuna's way to fail a trial without
+    an exception; FAIL teaches the sampler nothing and does not count towards --trials."""
+    rec.write_trial(trial, {"outcome": result.outcome.kind, "reason": result.outcome.reason})
+    trial.study.enqueue_trial(trial.params, user_attrs=rec.retry_mark(trial.number))
+    print(f"trial {trial.number}: {result.outcome.reason}", flush=True)
+    return tuple(float("nan") for _ in trial.study.directions)
 
 
 def record(trial: optuna.Trial, result: TrialResult, objectives: list[Objective],

@@ -170,6 +170,7 @@ def write_result(trial: optuna.Trial, result: TrialResult, outcome: str) -> None
         "cells": result.cells, "argv": result.argv, "env": result.env,
         "wall_s": round(result.wall_s, 3), "stage": result.stage,
         "idle_bytes": result.idle_bytes, "peak_bytes": result.peak_bytes,
+        "ports_taken": result.ports_taken,
         "sim_seconds": result.sim_seconds, "memory_estimate": result.memory,
         "predicted_peak_bytes": result.predicted_peak_bytes,
         "capacity_bytes": result.capacity_bytes, "screen_metrics": result.screen_metrics,

@@ -14,10 +14,13 @@ from pathlib import Path
 
 import optuna
 import sqlalchemy.exc
+from optuna.storages._cached_storage import _CachedStorage  # what optuna wraps an RDB URL in
 
 from tuner.errors import UsageError
+from tuner.study.retry import RetryingStorage
 
 DB_NAME = "study.db"
+SQLITE_BUSY_S = 20.0
 _SQLITE = "sqlite:///"
 
 
@@ -67,19 +70,23 @@ def find_study(ref: str, storage: str, studies_dir: Path) -> optuna.Study:
 
 
 def open_storage(url: str, attempts: int = 5) -> optuna.storages.BaseStorage:
-    """An RDB storage with a heartbeat, so trials of a killed worker can be found and retried.
+    """An RDB storage with a heartbeat, so trials of a killed worker can be found and retried,
+    whose calls outlive storage outages (tuner.study.retry).
 
     Workers started together on an empty database all create Optuna's tables; PostgreSQL lets
     one win and the others fail on a duplicate table or type.  Those try again (the tables are
-    there by then); any other error is the user's URL and is reported at once.
+    there by then); any other error is the user's URL and is reported at once.  SQLite waits
+    `SQLITE_BUSY_S` for another worker's write lock before it reports "database is locked".
     """
     race: Exception | None = None
+    kwargs = {"connect_args": {"timeout": SQLITE_BUSY_S}} if url.startswith("sqlite") else {}
     for attempt in range(attempts):
         try:
-            return optuna.storages.RDBStorage(
-                url, heartbeat_interval=10, grace_period=30,
+            rdb = optuna.storages.RDBStorage(
+                url, engine_kwargs=kwargs, heartbeat_interval=10, grace_period=30,
                 heartbeat_stale_trial_callback=optuna.storages.RetryHeartbeatStaleTrialCallback(
                     max_retry=3))
+            return RetryingStorage(_CachedStorage(rdb), url)
         except (sqlalchemy.exc.IntegrityError, sqlalchemy.exc.ProgrammingError) as exc:
             race = exc
             time.sleep(0.2 * (attempt + 1))

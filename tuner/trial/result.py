@@ -36,6 +36,7 @@ class TrialResult:
     wall_s: float
     stage: Stage = Stage.FULL
     idle_bytes: int | None = None            # memory in use once healthy, before any request
+    ports_taken: int | None = None           # launches lost to a port another process took
     peak_bytes: int | None = None            # the simulator's peak (a real card: not known)
     sim_seconds: float | None = None         # simulated time of the cells (in-process runner)
     capacity_search: dict[str, Any] | None = None  # the load steps (tuner.bench.capacity)

@@ -15,10 +15,11 @@ from typing import Any
 from tuner.bench.capacity_http import http_capacity
 from tuner.bench.records import Cell
 from tuner.bench.runner import CellResult, run_cells
-from tuner.server.gpu import read_gpu, wait_until_free
+from tuner.server.gpu import foreign_pids, read_gpu, wait_until_free
 from tuner.server.outcome import Evidence, classify
-from tuner.server.process import ServerProcess, free_port
-from tuner.trial.context import HOST, TrialContext
+from tuner.server.process import ServerProcess
+from tuner.server.start import start_server
+from tuner.trial.context import TrialContext
 from tuner.trial.result import KeepGoing, TrialResult, aggregate, cell_row, drive
 
 
@@ -48,21 +49,15 @@ def run_trial(ctx: TrialContext, params: dict[str, Any], trial_dir: Path,
     t0 = time.monotonic()
     trial_dir.mkdir(parents=True, exist_ok=True)
     cells = list(ctx.workload.cells if cells is None else cells)
-    port = free_port(HOST)
-    argv, env = ctx.render(params, port=port, cells=cells)
-    (trial_dir / "argv.json").write_text(json.dumps({"argv": argv, "env": env}, indent=1))
-    server = ServerProcess(argv, env, host=HOST, port=port,
-                           health_path=ctx.space.server.health_path,
-                           log_path=trial_dir / "server.log", record_path=trial_dir / "server.json")
     results: list[CellResult] = []
     idle_bytes = None
     capacity = None
-    health_failed = False
+    health_failed, flaps = False, 0
     _wait_for_gpu(ctx)
-    with server:
-        startup = ctx.startup_timeout_s or ctx.space.server.startup_timeout_s
-        healthy = server.wait_healthy(startup / ctx.scale)
-        if healthy:
+    started = start_server(ctx, params, trial_dir, cells)
+    server = started.server
+    try:
+        if started.healthy:
             idle = read_gpu(ctx.gpu_index) if ctx.gpu_index is not None else None
             if idle is not None:  # the runtime overhead the pre-screen calibrates on
                 idle_bytes = idle.used_bytes - ctx.gpu_baseline_bytes
@@ -70,20 +65,26 @@ def run_trial(ctx: TrialContext, params: dict[str, Any], trial_dir: Path,
                                     on_cell, keep_going)
             if len(results) == len(cells) and not any(r.error_class for r in results):
                 capacity = _capacity(ctx, server, cells)
-            state = server.health()
-            health_failed = state.alive and state.status != 200
+            health_failed, flaps = server.settled_health()
         exit_code = server.exit_code
-    _wait_for_gpu(ctx)
-    evidence = Evidence(log_text=server.log_text(), became_healthy=healthy, exit_code=exit_code,
-                        health_failed=health_failed,
+    finally:
+        server.stop()
+    foreign = foreign_pids(ctx.gpu_index, ctx.gpu_known_pids) if ctx.gpu_index is not None else ()
+    if not foreign:
+        _wait_for_gpu(ctx)
+    evidence = Evidence(log_text=server.log_text(), became_healthy=started.healthy,
+                        exit_code=exit_code, health_failed=health_failed,
                         cell_errors=tuple(r.error_class for r in results if r.error_class),
-                        first_error=next((r.error[:200] for r in results if r.error), ""))
+                        first_error=next((r.error[:200] for r in results if r.error), ""),
+                        health_flaps=flaps + sum(r.health_flaps for r in results),
+                        foreign_pids=foreign)
     metrics = aggregate(results)
     if capacity is not None:
         metrics["capacity_rps"] = capacity["capacity_rps"]
     return TrialResult(outcome=classify(evidence, ctx.space.failure_patterns),
                        metrics=metrics, cells=[cell_row(r) for r in results],
-                       argv=argv, env=env, wall_s=time.monotonic() - t0, idle_bytes=idle_bytes,
+                       argv=started.argv, env=started.env, wall_s=time.monotonic() - t0,
+                       idle_bytes=idle_bytes, ports_taken=started.ports_taken or None,
                        capacity_search=capacity)
 
 
