@@ -1,4 +1,5 @@
-"""The soak's oracle (benchmarks/faults.py): what each trial's injected fault calls for.
+"""The soak's oracle (benchmarks/faults.py): what each trial's injected fault calls for, and
+its read-only views of the study database.
 
 The ground truth is the `sim fault: KIND` line each simulated server prints at start-up into
 its trial's logs (`server.log`, and `server.port-taken-<n>.log` for launches lost to a taken
@@ -9,9 +10,12 @@ in the storage.
 from __future__ import annotations
 
 import re
+import sqlite3
 from collections import Counter
+from contextlib import closing
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import optuna
 from optuna.trial import FrozenTrial, TrialState
@@ -36,6 +40,23 @@ class Verdicts:
     @property
     def expected_text(self) -> dict[str, str]:
         return {k: TEXT.get(k, v) for k, v in EXPECTED.items()}
+
+
+def _query(db: Path, sql: str, timeout: float = 30.0) -> Any:
+    with closing(sqlite3.connect(db, timeout=timeout)) as con:
+        return con.execute(sql).fetchone()[0]
+
+
+def complete_count(db: Path) -> int:
+    """COMPLETE trials now; -1 while the database is missing or locked."""
+    try:
+        return _query(db, "SELECT COUNT(*) FROM trials WHERE state='COMPLETE'", timeout=1.0)
+    except sqlite3.Error:
+        return -1
+
+
+def integrity(db: Path) -> str:
+    return _query(db, "PRAGMA integrity_check")
 
 
 def read_trials(db: Path, study: str) -> list[FrozenTrial]:

@@ -35,16 +35,15 @@ import sys
 import tempfile
 import time
 from collections import Counter
-from contextlib import closing
 from pathlib import Path
-from typing import Any
 
 import yaml
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from benchmarks.faultcheck import Verdicts, judge, read_trials  # noqa: E402
+from benchmarks.faultcheck import (  # noqa: E402
+    Verdicts, complete_count, integrity, judge, read_trials)
 from tuner.server.process import processes_matching, stop_group  # noqa: E402
 from tuner.sim import nvml  # noqa: E402
 
@@ -104,18 +103,6 @@ def _db(root: Path) -> Path:
     return root / "studies" / STUDY / "study.db"
 
 
-def _query(root: Path, sql: str, timeout: float = 30.0) -> Any:
-    with closing(sqlite3.connect(_db(root), timeout=timeout)) as con:
-        return con.execute(sql).fetchone()[0]
-
-
-def _complete(root: Path) -> int:
-    try:
-        return _query(root, "SELECT COUNT(*) FROM trials WHERE state='COMPLETE'", timeout=1.0)
-    except sqlite3.Error:
-        return -1  # not created yet, or locked right now
-
-
 def _hold_lock(root: Path) -> None:
     """Another process's write transaction on the study database, for LOCK_S seconds."""
     con = sqlite3.connect(_db(root), timeout=30, isolation_level=None)
@@ -146,10 +133,6 @@ def _orphans(root: Path) -> list[int]:
     return processes_matching("tuner.sim", str(root))
 
 
-def _integrity(root: Path) -> str:
-    return _query(root, "PRAGMA integrity_check")
-
-
 class Soak:
     """The study, its tuner runs and the interruptions, with what each of them showed."""
 
@@ -169,7 +152,7 @@ class Soak:
         proc = self._launch()
         try:
             for at, kind in self.plan:
-                while _complete(self.root) < at and proc.poll() is None:
+                while complete_count(_db(self.root)) < at and proc.poll() is None:
                     time.sleep(0.5)
                 self._remember()
                 if kind == "lock":
@@ -198,7 +181,7 @@ class Soak:
         log = (self.root / f"run{self.runs}.log").read_text(errors="replace")
         self.orphans += len(_orphans(self.root))
         ballast.unlink()
-        good = rc == 3 and "disk full" in log and _integrity(self.root) == "ok"
+        good = rc == 3 and "disk full" in log and integrity(_db(self.root)) == "ok"
         self.storage[("disk full", "ok" if good else "bad")] += 1
         return self._launch()
 
@@ -256,7 +239,7 @@ def run(root: Path, trials: int, seed: int, interruptions: int) -> bool:
                                                     if r == "bad"), 0),
         ("lock interruptions without a logged retry",
          max(0, soak.storage[("lock", "ok")] - soak.retries_logged()), 0),
-        ("database integrity (0 = ok)", int(_integrity(root) != "ok"), 0),
+        ("database integrity (0 = ok)", int(integrity(_db(root)) != "ok"), 0),
         ("final tuner exit status", soak.rc, 0),
         ("final COMPLETE trials", len(complete), trials),
     ]

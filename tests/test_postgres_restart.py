@@ -44,8 +44,8 @@ def _postgres_user() -> bool:
     return os.geteuid() == 0
 
 
-pytestmark = pytest.mark.skipif(
-    not BIN or not _postgres_user(), reason="needs PostgreSQL's binaries and root to run them as postgres")
+pytestmark = pytest.mark.skipif(not BIN or not _postgres_user(),
+                                reason="needs PostgreSQL's binaries, run as root")
 
 
 def _pg(data: Path, *args: str) -> None:

@@ -94,8 +94,9 @@ def test_two_workers_on_one_sqlite_study_share_it_safely(tmp_path):
 
 def _unshare() -> list[str] | None:
     for cmd in (["unshare", "-m"], ["unshare", "-rm"]):
-        probe = subprocess.run([*cmd, "true"], capture_output=True) if shutil.which("unshare") else None
-        if probe is not None and probe.returncode == 0:
+        if not shutil.which("unshare"):
+            return None
+        if subprocess.run([*cmd, "true"], capture_output=True).returncode == 0:
             return cmd
     return None
 

@@ -226,7 +226,8 @@ def build_app(server: SimServer) -> web.Application:
     return app
 
 
-def serve(server: SimServer, host: str, port: int, ready: Callable[[], None] = lambda: None) -> None:
+def serve(server: SimServer, host: str, port: int,
+          ready: Callable[[], None] = lambda: None) -> None:
     """Serve until SIGINT/SIGTERM; in-flight (possibly hung) handlers get `SHUTDOWN_GRACE_S`.
     `ready()` runs once the port is bound (a bind failure raises OSError instead)."""
     web.run_app(build_app(server), host=host, port=port, shutdown_timeout=SHUTDOWN_GRACE_S,

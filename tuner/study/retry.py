@@ -120,6 +120,7 @@ _METHODS = sorted({n for base in (BaseStorage, BaseHeartbeat) for n in dir(base)
                    if not n.startswith("__") and n != "_abc_impl"} - {"remove_session"})
 for _name in _METHODS:
     setattr(RetryingStorage, _name, _delegate(_name))
-RetryingStorage.remove_session = lambda self: self.inner.remove_session()  # type: ignore[method-assign]
+RetryingStorage.remove_session = (  # type: ignore[method-assign]
+    lambda self: self.inner.remove_session())
 abc.update_abstractmethods(RetryingStorage)
 
