@@ -1,8 +1,8 @@
 """A simulated NVML: one JSON file standing for one GPU, so GPU faults can be tested on CPUs.
 
 `TUNER_SIM_NVML=<file>` makes `tuner.server.gpu.read_gpu` read the card from the file instead
-of NVML: `{"name", "total_bytes", "used_bytes", "processes": {"<pid>": bytes}}`.  As with NVML, a process
-that has exited holds nothing, so only live pids are listed and counted in the used memory.
+of NVML: `{"name", "total_bytes", "used_bytes", "processes": {"<pid>": bytes}}`.  As with NVML,
+a process that has exited holds nothing, so only live pids are listed and counted as used.
 The simulated server's `gpu_grab` fault adds a foreign process here (tuner.sim.faults).
 """
 
