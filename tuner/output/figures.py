@@ -25,7 +25,8 @@ from tuner.study.record import TrialRecord, is_measured
 
 OUTCOME_COLORS = {"ok": "#2ca02c", "slo": "#bcbd22", "oom": "#d62728",
                   "crash": "#000000", "unhealthy": "#ff7f0e", "hang": "#9467bd", "startup": "#8c564b",
-                  "skipped": "#7f7f7f", "rejected": "#e377c2", "interrupted": "#aec7e8"}
+                  "skipped": "#7f7f7f", "rejected": "#e377c2", "interrupted": "#aec7e8",
+                  "flaky": "#ffbb78", "gpu_busy": "#c7c7c7"}
 CELL_METRICS = ("output_throughput", "p99_ttft_ms", "p99_tpot_ms", "mean_ttft_ms", "mean_tpot_ms")
 
 
