@@ -291,7 +291,7 @@ def main() -> int:
     finally:
         for pid in _orphans(root):
             stop_group(os.getpgid(pid), grace_s=0.5)
-        subprocess.run(["umount", str(root / "studies")], check=False)
+        subprocess.run(["umount", "-l", str(root / "studies")], check=False)
         shutil.rmtree(root, ignore_errors=True)
     return 0 if ok else 1
 
