@@ -48,3 +48,34 @@ def test_unhealthy_without_oom_line():
 
 def test_hang():
     assert classify(ev(errors=["hang"]), PATTERNS).kind == "hang"
+
+
+def test_some_failed_requests_are_flaky_but_an_engine_death_wins():
+    partial = Evidence(log_text="", became_healthy=True, exit_code=None, health_failed=False,
+                       cell_errors=("partial",),
+                       first_error="2 of 64 requests failed; first: HTTP 500")
+    out = classify(partial, PATTERNS)
+    assert out.kind == "flaky" and not out.feasible and "2 of 64" in out.reason
+    dead = Evidence(log_text="Error in step loop", became_healthy=True, exit_code=None,
+                    health_failed=True, cell_errors=("partial",))
+    assert classify(dead, PATTERNS).kind == "unhealthy"
+
+
+def test_a_health_flap_alone_is_flaky_and_a_refusal_stays_rejected():
+    flap = Evidence(log_text="", became_healthy=True, exit_code=None, health_failed=False,
+                    cell_errors=(), health_flaps=1)
+    assert classify(flap, PATTERNS).kind == "flaky"
+    assert classify(ev(errors=["http_error"]), PATTERNS).kind == "rejected"
+
+
+def test_a_foreign_process_on_the_gpu_overrides_even_an_oom():
+    grabbed = Evidence(log_text="cudaMalloc failed", became_healthy=True, exit_code=None,
+                       health_failed=False, cell_errors=(), foreign_pids=(4242,))
+    out = classify(grabbed, PATTERNS)
+    assert out.kind == "gpu_busy" and "4242" in out.reason
+
+
+def test_a_port_taken_at_every_launch_is_named():
+    out = classify(ev("OSError: [Errno 98] address already in use", healthy=False, code=1),
+                   PATTERNS)
+    assert out.kind == "startup" and "port" in out.reason
