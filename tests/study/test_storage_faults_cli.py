@@ -17,8 +17,9 @@ import pytest
 from optuna.trial import TrialState
 
 from tuner.server.process import processes_matching, stop_group
+from tuner.paths import REPO_ROOT
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = REPO_ROOT
 WORKLOAD = """\
 name: storage
 seed: 0

@@ -18,12 +18,13 @@ from tuner.errors import UsageError
 from tuner.server.process import port_is_free, processes_matching
 from tuner.sim import nvml
 from tuner.sim.faults import KINDS, ServerFaults, parse_spec
-from tuner.search.space import load_space
+from tuner.search.space_file import load_space
 from tuner.trial.context import TrialContext
 from tuner.trial.run import run_trial
 from tuner.search.workload import load_workload
+from tuner.paths import REPO_ROOT
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = REPO_ROOT
 MODEL = str(ROOT / "models" / "llama-3.2-1b")
 SPACE = ROOT / "search_spaces" / "infinilm.yaml"
 PARAMS = {"kv_cache_tokens": 16384, "block_size": 256, "max_batch_size": 8}

@@ -23,8 +23,9 @@ import pytest
 from optuna.trial import TrialState
 
 from tuner.server.process import free_port, processes_matching, stop_group
+from tuner.paths import REPO_ROOT
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = REPO_ROOT
 BIN = sorted(glob.glob("/usr/lib/postgresql/*/bin/initdb"))
 WORKLOAD = """\
 name: pg
