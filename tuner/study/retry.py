@@ -16,6 +16,7 @@ kept its last commit) and the interrupted one is re-queued when the same command
 from __future__ import annotations
 
 import abc
+import contextlib
 import re
 import sys
 import time
@@ -26,7 +27,7 @@ from optuna.exceptions import StorageInternalError, UpdateFinishedTrialError
 from optuna.storages import BaseStorage
 from optuna.storages._heartbeat import BaseHeartbeat
 from optuna.trial import TrialState
-from sqlalchemy.exc import DBAPIError
+from sqlalchemy.exc import DBAPIError, PendingRollbackError
 
 from tuner.errors import FaultError
 
@@ -40,7 +41,7 @@ MULTI_WORKER_HINT = ("SQLite serialises writers through one file lock; for sever
 def _cause(exc: BaseException) -> BaseException:
     """SQLAlchemy's error behind Optuna's wrapper (StorageInternalError from ...), or `exc`."""
     seen: BaseException | None = exc
-    while seen is not None and not isinstance(seen, DBAPIError):
+    while seen is not None and not isinstance(seen, (DBAPIError, PendingRollbackError)):
         seen = seen.__cause__
     return seen if seen is not None else exc
 
@@ -56,6 +57,8 @@ def transient(exc: BaseException) -> bool:
     """A database error that may go away: lost or refused connections, locks, restarts.
     Optuna wraps such errors as StorageInternalError; a bad URL or schema is not retried."""
     cause = _cause(exc)
+    if isinstance(cause, PendingRollbackError):  # a session left broken by a lost connection
+        return True
     return isinstance(cause, DBAPIError) and not DISK_FULL.search(str(cause))
 
 
@@ -80,7 +83,7 @@ class RetryingStorage(BaseStorage, BaseHeartbeat):
                 if retried and name == "set_trial_state_values" and self._already(args):
                     return True  # the first attempt committed before its connection died
                 raise
-            except (StorageInternalError, DBAPIError) as exc:
+            except (StorageInternalError, DBAPIError, PendingRollbackError) as exc:
                 if DISK_FULL.search(_text(exc)):
                     raise FaultError(f"disk full: storage {self.url}: {_text(exc)}; free space "
                                      "and run the same command to resume (completed trials "
@@ -93,6 +96,8 @@ class RetryingStorage(BaseStorage, BaseHeartbeat):
                     self.retries += 1
                     print(f"storage: {_text(exc)}; retrying for up to {self.window_s:.0f} s",
                           file=sys.stderr, flush=True)
+                with contextlib.suppress(Exception):  # the next try starts a fresh session
+                    self.inner.remove_session()
                 time.sleep(wait)
                 retried += wait
                 wait = min(wait * 2, self.max_wait_s)
