@@ -85,7 +85,7 @@ def test_two_workers_on_one_sqlite_study_share_it_safely(tmp_path):
         for p in procs:
             if p.poll() is None:
                 stop_group(p.pid, grace_s=2.0, child=p)
-    assert [p.returncode for p in procs] == [0, 0], errs
+    assert [p.returncode for p in procs] == [0, 0], [e[-3000:] for e in errs]
     trials = _trials(tmp_path / "studies" / "s" / "study.db")
     done = [t for t in trials if t.state == TrialState.COMPLETE]
     assert len(done) == 6 and not any(t.state == TrialState.RUNNING for t in trials)
