@@ -19,13 +19,17 @@ from typing import Any
 
 from tqdm import tqdm
 
-from tuner.bench.client import ABORTED, CONNECTION_ERROR, HTTP_ERROR, STREAM_ERROR, Activity, EventHook, StreamClient
+from tuner.bench.client import (ABORTED, CONNECTION_ERROR, HTTP_ERROR, PROTOCOL_ERROR, STREAM_ERROR,
+                                Activity, EventHook, StreamClient)
 from tuner.bench.health import HANG, SERVER_DIED, UNHEALTHY, HealthWatch, stall_watch
 from tuner.bench.metrics import cell_metrics
 from tuner.bench.prompts import PromptMaker
 from tuner.bench.records import Cell, CellResult, RequestRecord, Warmup
 
 HTTP_ERROR_CELL = "http_error"
+# requests failed inside accepted streams (a broken stream or an error event) while the server
+# stayed healthy: its figures cannot be trusted
+PROTOCOL_CELL = "protocol"
 FATAL = (UNHEALTHY, SERVER_DIED, HANG)  # the server is gone: later cells are not run
 # Distinct prompts per cell; beyond this they repeat (far apart, so prefix caches rarely help),
 # and building them never happens while the cell is being measured.
@@ -58,7 +62,7 @@ class _CellRun:
     async def one(self, i: int) -> None:
         rec = RequestRecord(send_time=0.0)
         self.records.append(rec)
-        await self.client.request(self.payloads[i % len(self.payloads)], rec)
+        await self.client.request(self.payloads[i % len(self.payloads)], rec, self.cell.output_len)
         self.pbar.update(1)
         if rec.ok:
             self.successes += 1
@@ -66,7 +70,7 @@ class _CellRun:
             # the server refuses our requests (422 on ignore_eos, 400 on the model name): every
             # later one would fail the same way
             self.end(HTTP_ERROR_CELL, rec.error or "")
-        elif rec.error_class in (CONNECTION_ERROR, STREAM_ERROR):
+        elif rec.error_class in (CONNECTION_ERROR, STREAM_ERROR, PROTOCOL_ERROR):
             if self.health is not None:
                 self.health.kick()
             elif rec.error_class == CONNECTION_ERROR:
@@ -116,6 +120,16 @@ async def _open_loop(run: _CellRun, deadline: float | None, rng: random.Random, 
             await asyncio.gather(*tasks, return_exceptions=True)
 
 
+def _failed_requests(records: Sequence[RequestRecord],
+                     failed: list[RequestRecord]) -> tuple[str, str]:
+    """The cell's error when requests failed while the server stayed up: "protocol" when any
+    failed inside an accepted stream, else "http_error"; the reason names the first of that kind."""
+    broken = [r for r in failed if r.error_class in (PROTOCOL_ERROR, STREAM_ERROR)]
+    first = (broken or failed)[0]
+    cls = PROTOCOL_CELL if broken else HTTP_ERROR_CELL
+    return cls, f"{len(failed)} of {len(records)} requests failed; first: {first.error}"
+
+
 def _duration(records: Sequence[RequestRecord], wall_s: float) -> float:
     """Simulated records measure the cell on the simulator's clock, otherwise the wall clock."""
     sim = [r for r in records if r.sim and r.token_times]
@@ -156,8 +170,7 @@ async def _run_cell(client: StreamClient, cell: Cell, payloads: list[bytes], *, 
     error_class, error = run.error_class, run.error
     failed = [r for r in records if not r.ok]
     if error_class is None and failed:
-        error_class = HTTP_ERROR_CELL
-        error = f"{len(failed)} of {len(records)} requests failed; first: {failed[0].error}"
+        error_class, error = _failed_requests(records, failed)
     duration = _duration(records, wall * time_scale)
     return CellResult(cell, records, duration, cell_metrics(records, duration, slo_ms), error_class, error)
 

@@ -3,7 +3,9 @@
 The evidence is scattered: a log line (`cudaMalloc failed`), an exit status, a /health that
 turned 503, streams that stopped.  Only an OOM found in the log proves a memory failure, so log
 patterns from the search space are checked first; the other signals say how the server failed
-when the log is silent (a native crash prints nothing).
+when the log is silent (a native crash prints nothing).  `protocol`: the server stayed up but its
+accepted streams broke the SSE / OpenAI protocol or carried error events (tuner.bench.stream), so
+nothing it was measured at can be trusted: infeasible like every failure, never exportable.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 OK = "ok"
-FAILED_OUTCOMES = ("oom", "startup", "crash", "unhealthy", "hang")
+FAILED_OUTCOMES = ("oom", "startup", "crash", "unhealthy", "hang", "protocol")
 ALL_OUTCOMES = (OK, *FAILED_OUTCOMES, "rejected", "slo", "skipped")
 
 
@@ -79,6 +81,9 @@ def classify(ev: Evidence, patterns: Mapping[str, Iterable[str]]) -> Outcome:
                        + (f": {unhealthy_line}" if unhealthy_line else ""))
     if "hang" in ev.cell_errors:
         return Outcome("hang", "no token arrived within the stall timeout")
+    if "protocol" in ev.cell_errors:
+        return Outcome("protocol", "the server's streams broke the protocol while it stayed healthy"
+                       + (f": {ev.first_error}" if ev.first_error else ""))
     if "http_error" in ev.cell_errors:
         return Outcome("rejected", "the server refused requests of this workload (HTTP 4xx/5xx)"
                        + (f": {ev.first_error}" if ev.first_error else ""))
