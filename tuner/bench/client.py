@@ -95,10 +95,11 @@ class StreamClient:
                 body[key] = value
         return body
 
-    def prepare(self, prompt: str, max_tokens: int) -> bytes:
+    def prepare(self, prompt: str, max_tokens: int, headers: Mapping[str, str] | None = None) -> bytes:
         """The whole HTTP request, built before a cell starts: serialising a long prompt costs tens
         of microseconds, which at a wave of 256 new requests would delay stamping other streams."""
-        return self.pool.request_bytes(self.path, json.dumps(self.body(prompt, max_tokens)).encode())
+        body = json.dumps(self.body(prompt, max_tokens)).encode()
+        return self.pool.request_bytes(self.path, body, headers)
 
     async def request(self, data: bytes, record: RequestRecord,
                       max_tokens: int | None = None) -> RequestRecord:

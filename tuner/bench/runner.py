@@ -14,6 +14,7 @@ import itertools
 import random
 import sys
 import time
+import uuid
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -22,11 +23,13 @@ from tqdm import tqdm
 from tuner.bench.client import (ABORTED, CONNECTION_ERROR, HTTP_ERROR, PROTOCOL_ERROR, STREAM_ERROR,
                                 Activity, EventHook, StreamClient)
 from tuner.bench.health import HANG, SERVER_DIED, UNHEALTHY, HealthWatch, stall_watch
+from tuner.bench.health import time_scale as sim_time_scale
 from tuner.bench.metrics import cell_metrics
 from tuner.bench.prompts import PromptMaker
 from tuner.bench.records import Cell, CellResult, RequestRecord, Warmup
 
 HTTP_ERROR_CELL = "http_error"
+SIM_PLAN_HEADER = "X-Tuner-Sim-Plan"  # tuner.sim.admission reads it
 # requests failed inside accepted streams (a broken stream or an error event) while the server
 # stayed healthy: its figures cannot be trusted
 PROTOCOL_CELL = "protocol"
@@ -175,11 +178,25 @@ async def _run_cell(client: StreamClient, cell: Cell, payloads: list[bytes], *, 
     return CellResult(cell, records, duration, cell_metrics(records, duration, slo_ms), error_class, error)
 
 
-def _payloads(client: StreamClient, maker: PromptMaker, cell: Cell, rng: random.Random) -> list[bytes]:
+def _plan(cell: Cell) -> dict[str, str]:
+    """A simulated server's `X-Tuner-Sim-Plan` for a closed-loop cell (tuner.sim.admission): the
+    requests it keeps in flight and sends in all, so that the server waits for each wave instead of
+    turning the client's wall-clock jitter into simulated time.  Open loop: none."""
+    if cell.request_rate is not None:
+        return {}
+    total = cell.num_prompts or 0
+    streams = min(cell.concurrency, total) if total else cell.concurrency
+    return {SIM_PLAN_HEADER: f"{uuid.uuid4().hex[:12]} {streams} {total}"}
+
+
+def _payloads(client: StreamClient, maker: PromptMaker, cell: Cell, rng: random.Random,
+              sim: bool = False) -> list[bytes]:
     n = max(2 * cell.concurrency, min(cell.num_prompts or MAX_PROMPT_POOL, MAX_PROMPT_POOL))
     if cell.num_prompts is not None:
         n = min(n, cell.num_prompts)
-    return [client.prepare(maker.make(cell.input_len, rng), cell.output_len) for _ in range(max(n, 1))]
+    headers = _plan(cell) if sim else None
+    return [client.prepare(maker.make(cell.input_len, rng), cell.output_len, headers)
+            for _ in range(max(n, 1))]
 
 
 async def run_cells_async(
@@ -209,17 +226,18 @@ async def run_cells_async(
     try:
         if health is not None:
             await health.__aenter__()
-        time_scale = await health.time_scale() if health is not None else 1.0
-        common = dict(health=health, time_scale=time_scale, stall_timeout_s=stall_timeout_s,
+        sim = await health.sim() if health is not None else None
+        common = dict(health=health, time_scale=sim_time_scale(sim), stall_timeout_s=stall_timeout_s,
                       slo_ms=slo_ms, progress=progress)
         if warmup is not None and warmup.requests > 0:
             wcell = Cell(warmup.requests, warmup.input_len, warmup.output_len, num_prompts=warmup.requests)
             wrng = random.Random(f"{seed}:warmup")
-            await _run_cell(client, wcell, _payloads(client, maker, wcell, wrng), rng=wrng, label="warm-up",
-                            **common)
+            await _run_cell(client, wcell, _payloads(client, maker, wcell, wrng, sim is not None),
+                            rng=wrng, label="warm-up", **common)
         for index, cell in enumerate(cells):
             rng = random.Random(f"{seed}:{index}")
-            result = await _run_cell(client, cell, _payloads(client, maker, cell, rng), rng=rng, **common)
+            payloads = _payloads(client, maker, cell, rng, sim is not None)
+            result = await _run_cell(client, cell, payloads, rng=rng, **common)
             results.append(result)
             if on_cell is not None:
                 on_cell(result)
