@@ -2,14 +2,14 @@
 and GPU profile?
 
 `tuner tune --simulate` drives `python -m tuner.sim` over HTTP at --time-scale 25; the benchmarks
-(search_efficiency.py, sim_calibration.py) run the same engine in-process.  For each model of
+(search_efficiency.py, sim_calibration.py) run the same engine in-process. For each model of
 models/ and each card of tuner/sim/profiles.py, a few configs (the server's defaults with the KV
-pool at half of what fits, the seed's prefill 8 / decode 24, and the same with the long-context
-guard and decode-first) run both ways on a matrix with the cells that used to disagree (con=8
-in=3000, long prompts with company).  Printed: per model x card, the configs compared, outcome
-mismatches, and the max / median relative difference |http / in-process - 1| of output
-throughput, p99 TTFT and p99 TPOT over configs and cells.  Exit 1 when any outcome differs or any
-difference is above tuner.simcheck.TOLERANCE.
+pool at a quarter of what fits; the seed's prefill 8 / decode 24, alone, with the seed's long-
+context guard, and with two long prompts per prefill and decode-first) run both ways on a matrix
+with the cells that used to disagree (con=8 in=3000, long prompts with company). Printed: per model
+x card, the configs compared, outcome mismatches, and the max / median relative difference |http /
+in-process - 1| of output throughput, p99 TTFT and p99 TPOT over configs and cells. Exit 1 when any
+outcome differs or any difference is above tuner.simcheck.TOLERANCE.
 
 Run: PYTHONPATH=. python benchmarks/sim_http_agreement.py [--models a,b] [--gpus x,y]
      [--time-scale 25]
@@ -37,20 +37,25 @@ from tuner.workload import load_workload
 ROOT = Path(__file__).resolve().parents[1]
 CELLS = [Cell(8, 3000, 128, num_prompts=16), Cell(4, 4096, 64, num_prompts=6),
          Cell(16, 256, 96, num_prompts=24), Cell(1, 256, 32, num_prompts=2)]
+# prefill budgets: one 4096-token prompt alone (the seed's 4090 setting), two long prompts together
 SEED = {"prefill_batch_cap": 8, "decode_batch_cap": 24, "max_batch_size": 32,
-        "max_num_batched_tokens": 8192}
+        "max_num_batched_tokens": 4096}
 GUARD = {"long_context_threshold": 2048, "long_context_max_batch": 4,
-         "decode_first_when_running": True, "max_num_batched_tokens": 16384}
+         "decode_first_when_running": True, "max_num_batched_tokens": 8192}
+# the seed's working 4090 config: a prompt of 4096+ tokens alone, and not while decodes run
+SEED_GUARD = {"long_context_threshold": 4096, "long_context_max_batch": 1,
+              "decode_first_when_running": True}
 
 
 def configs(space: SearchSpace) -> dict[str, dict]:
-    """The configs of one model x card: KV pool at half of what fits (tokens, log-midway would
-    starve long prompts on small cards)."""
+    """The configs of one model x card, with the KV pool at a quarter of what fits: room left for
+    the prefill's activations, so that most configs run rather than OOM on the smaller cards."""
     kv = space.param("kv_cache_tokens")
-    pool = max(int(kv.low), int(kv.high) // 2)
+    pool = max(int(kv.low), int(kv.high) // 4)
     base = {**space.default_params(), "kv_cache_tokens": pool}
     return {"defaults": base, "seed 8/24": {**base, **SEED},
-            "guard + decode-first": {**base, **SEED, **GUARD}}
+            "seed 8/24 + its long guard": {**base, **SEED, **SEED_GUARD},
+            "two long per prefill + decode-first": {**base, **SEED, **GUARD}}
 
 
 def run_pair(model: str, gpu: str, time_scale: float) -> list[Agreement] | str:
@@ -79,7 +84,8 @@ def row(model: str, gpu: str, result: list[Agreement] | str) -> tuple[str, bool]
                     else f"{'-':>8s} {'-':>8s}")
     others = ",".join(sorted({a.http for a in result if a.http == a.inprocess != "ok"}))
     text = (f"{name} {len(ok):2d}/{len(result)} {len(mismatched):3d}  " + "  ".join(cols)
-            + (f"  both {others}" if others else "") + (f"  MISMATCH {mismatched}" if mismatched else ""))
+            + (f"  both {others}" if others else "")
+            + (f"  MISMATCH {mismatched}" if mismatched else ""))
     return text, not mismatched and all(a.ok for a in ok)
 
 

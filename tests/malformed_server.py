@@ -24,7 +24,7 @@ KINDS = {
     "usage_inflated": "usage claims 10x the tokens streamed (beyond max_tokens)",
     "usage_short": "usage claims fewer tokens than the chunks streamed",
     "after_done": "a token chunk after data: [DONE]",
-    "error_event": 'data: {"error": ...} mid-stream, as transformers serve sends on an engine error',
+    "error_event": 'data: {"error": ...} mid-stream (transformers serve on an engine error)',
     "not_sse": "HTTP 200 with a JSON body (Content-Type application/json)",
     "cut": "the connection closed mid-stream (no terminal chunk)",
     "empty_choices": "chunks with an empty choices list and no usage",

@@ -95,7 +95,8 @@ class StreamClient:
                 body[key] = value
         return body
 
-    def prepare(self, prompt: str, max_tokens: int, headers: Mapping[str, str] | None = None) -> bytes:
+    def prepare(self, prompt: str, max_tokens: int,
+                headers: Mapping[str, str] | None = None) -> bytes:
         """The whole HTTP request, built before a cell starts: serialising a long prompt costs tens
         of microseconds, which at a wave of 256 new requests would delay stamping other streams."""
         body = json.dumps(self.body(prompt, max_tokens)).encode()

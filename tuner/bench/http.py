@@ -71,7 +71,8 @@ class ConnectionPool:
         self._all.clear()
         self._idle.clear()
 
-    def request_bytes(self, path: str, body: bytes, headers: Mapping[str, str] | None = None) -> bytes:
+    def request_bytes(self, path: str, body: bytes,
+                      headers: Mapping[str, str] | None = None) -> bytes:
         extra = "".join(f"{name}: {value}\r\n" for name, value in (headers or {}).items())
         return (f"POST {self.prefix}{path} HTTP/1.1\r\nHost: {self.host_header}\r\n"
                 f"Content-Type: application/json\r\nAccept: text/event-stream\r\n{extra}"

@@ -227,8 +227,8 @@ async def run_cells_async(
         if health is not None:
             await health.__aenter__()
         sim = await health.sim() if health is not None else None
-        common = dict(health=health, time_scale=sim_time_scale(sim), stall_timeout_s=stall_timeout_s,
-                      slo_ms=slo_ms, progress=progress)
+        common = dict(health=health, time_scale=sim_time_scale(sim),
+                      stall_timeout_s=stall_timeout_s, slo_ms=slo_ms, progress=progress)
         if warmup is not None and warmup.requests > 0:
             wcell = Cell(warmup.requests, warmup.input_len, warmup.output_len, num_prompts=warmup.requests)
             wrng = random.Random(f"{seed}:warmup")
