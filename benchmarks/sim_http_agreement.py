@@ -9,7 +9,7 @@ context guard, and with two long prompts per prefill and decode-first) run both 
 with the cells that used to disagree (con=8 in=3000, long prompts with company). Printed: per model
 x card, the configs compared, outcome mismatches, and the max / median relative difference |http /
 in-process - 1| of output throughput, p99 TTFT and p99 TPOT over configs and cells. Exit 1 when any
-outcome differs or any difference is above tuner.simcheck.TOLERANCE.
+outcome differs or any difference is above tuner.trial.simcheck.TOLERANCE.
 
 Run: PYTHONPATH=. python benchmarks/sim_http_agreement.py [--models a,b] [--gpus x,y]
      [--time-scale 25]
@@ -25,14 +25,14 @@ import time
 from pathlib import Path
 
 from tuner.bench.records import Cell
-from tuner.bounds import resolve_space
 from tuner.errors import UsageError
-from tuner.modelinfo import load_model_info
+from tuner.search.bounds import resolve_space
+from tuner.search.model import load_model_info
+from tuner.search.space import SearchSpace, load_space
+from tuner.search.workload import load_workload
 from tuner.sim.profiles import PROFILES
-from tuner.simcheck import METRICS, TOLERANCE, Agreement, compare
-from tuner.space import SearchSpace, load_space
-from tuner.trial import TrialContext
-from tuner.workload import load_workload
+from tuner.trial.context import TrialContext
+from tuner.trial.simcheck import METRICS, TOLERANCE, Agreement, compare
 
 ROOT = Path(__file__).resolve().parents[1]
 CELLS = [Cell(8, 3000, 128, num_prompts=16), Cell(4, 4096, 64, num_prompts=6),

@@ -1,5 +1,5 @@
 """The simulated server over HTTP (real process, `tuner tune --simulate`) agrees with the
-in-process simulator (the benchmarks) within tuner.simcheck.TOLERANCE (0.1%) per cell.
+in-process simulator (the benchmarks) within tuner.trial.simcheck.TOLERANCE (0.1%) per cell.
 
 The configs are the ones that disagreed before the admission holds (tuner.sim.admission):
 decode-first with long prompts, where the first request of a wave used to be prefilled alone
@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 
 from tuner.bench.records import Cell
-from tuner.simcheck import TOLERANCE, compare
-from tuner.space import load_space
-from tuner.trial import TrialContext
-from tuner.workload import load_workload
+from tuner.search.space import load_space
+from tuner.search.workload import load_workload
+from tuner.trial.context import TrialContext
+from tuner.trial.simcheck import TOLERANCE, compare
 
 ROOT = Path(__file__).resolve().parents[1]
 MODEL = str(ROOT / "models" / "llama-3.1-8b")

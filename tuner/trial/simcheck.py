@@ -13,8 +13,10 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from tuner.simtrial import InProcessRunner
-from tuner.trial import TrialContext, TrialResult, run_trial
+from tuner.trial.context import TrialContext
+from tuner.trial.inprocess import InProcessRunner
+from tuner.trial.result import TrialResult
+from tuner.trial.run import run_trial
 
 METRICS = ("output_throughput", "p99_ttft_ms", "p99_tpot_ms")
 # The stated agreement: relative difference of each metric, per cell and for the whole matrix.
