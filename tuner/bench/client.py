@@ -2,10 +2,11 @@
 
 Every number the tuner optimises comes from here, so the hot path is kept short: one
 arrival stamp per network read, taken in the connection's `data_received` before any parsing
-(see tuner.bench.http for why not in a task), a byte-level SSE split, and one `json.loads` per
-event, which also checks the stream against the protocol (tuner.bench.stream).  A read that
-carries several events stamps them all with the read's arrival time, which is when the tokens
-became visible.
+(see tuner.bench.http for why not in a task), a byte-level SSE split, and a full check of every
+event against the protocol (tuner.bench.stream): `json.loads` for the first chunks, one regex
+match for the token chunks that share their template (tuner.bench.frames).  A read that carries
+several events stamps them all with the read's arrival time, which is when the tokens became
+visible.
 
 Simulated time (docs/architecture.md): a response header `X-Tuner-Sim-Arrival` and per-chunk
 `sim_t` lists replace the wall-clock send and token times, so metrics come out in simulated
