@@ -20,7 +20,7 @@ from tuner.bench.records import Cell
 from tuner.bench.runner import run_cells
 from tuner.cli import main
 
-HERE = Path(__file__).resolve().parent
+HERE = Path(__file__).resolve().parents[1]
 SERVER = HERE / "malformed_server.py"
 MODEL = str(HERE.parent / "models" / "llama-3.2-1b")
 # kind -> (record error class, words of its reason)

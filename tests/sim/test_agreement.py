@@ -17,7 +17,7 @@ from tuner.search.workload import load_workload
 from tuner.trial.context import TrialContext
 from tuner.trial.simcheck import TOLERANCE, compare
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 MODEL = str(ROOT / "models" / "llama-3.1-8b")
 CELLS = [Cell(8, 3000, 128, num_prompts=16), Cell(4, 4096, 64, num_prompts=6),
          Cell(16, 256, 96, num_prompts=24), Cell(1, 256, 32, num_prompts=2)]
