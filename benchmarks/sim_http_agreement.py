@@ -28,7 +28,8 @@ from tuner.bench.records import Cell
 from tuner.errors import UsageError
 from tuner.search.bounds import resolve_space
 from tuner.search.model import load_model_info
-from tuner.search.space import SearchSpace, load_space
+from tuner.search.space import SearchSpace
+from tuner.search.space_file import load_space
 from tuner.search.workload import load_workload
 from tuner.sim.profiles import PROFILES
 from tuner.trial.context import TrialContext

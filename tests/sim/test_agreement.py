@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from tuner.bench.records import Cell
-from tuner.search.space import load_space
+from tuner.search.space_file import load_space
 from tuner.search.workload import load_workload
 from tuner.trial.context import TrialContext
 from tuner.trial.simcheck import TOLERANCE, compare
