@@ -165,8 +165,8 @@ class Stream:
 
     def _framed(self, data: str) -> bool:
         """Whether `data` is a token chunk of this stream's template, or of one learned lately."""
-        if self.frame is not None and self.frame.fullmatch(data):
-            return True
+        if self.frame is not None:  # a chunk of another shape (the last one, say): parse it
+            return self.frame.fullmatch(data) is not None
         hit = known(data, ("content", "reasoning_content") if self.chat else ("text",))
         if hit is not None:
             self.frame = hit
