@@ -21,7 +21,7 @@ import optuna
 from optuna.trial import FrozenTrial, TrialState
 
 FAULT_LINE = re.compile(r"^sim fault: (\w+)", re.M)
-EXPECTED = {"none": "ok", "http500": "flaky", "cut": "flaky", "malformed": "flaky",
+EXPECTED = {"none": "ok", "http500": "flaky", "cut": "protocol", "malformed": "protocol",
             "flap": "flaky", "slow_start": "startup", "port_taken": "startup",
             "gpu_grab": "gpu_busy"}
 TEXT = {"none": "ok", "port_taken": "new port; 3 taken in a row: startup",

@@ -80,11 +80,13 @@ def test_chunked_keepalive_responses_split_anywhere(cut):
 
 @pytest.mark.parametrize("cut", [5, 4096])
 def test_content_length_and_close_delimited_bodies(cut):
-    body = sse('{"choices":[{"text":"a"}]}', '{"choices":[{"text":""}]}', '{"choices":[{"text":"b"}]}')
-    with_length = b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body)
+    body = sse('{"choices":[{"text":"a"}]}', '{"choices":[{"text":""}]}', '{"choices":[{"text":"b"}]}',
+               "[DONE]")
+    sse_type = b"Content-Type: text/event-stream; charset=utf-8\r\n"
+    with_length = b"HTTP/1.1 200 OK\r\n%sContent-Length: %d\r\n\r\n%s" % (sse_type, len(body), body)
     [rec] = run_requests([with_length], cut, api="completions")
     assert rec.ok and len(rec.token_times) == 2
-    close_delimited = b"HTTP/1.1 200 OK\r\nConnection: close\r\n\r\n" + body
+    close_delimited = b"HTTP/1.1 200 OK\r\n" + sse_type + b"Connection: close\r\n\r\n" + body
     [rec] = run_requests([close_delimited], cut, api="completions")
     assert rec.ok and len(rec.token_times) == 2
 
@@ -106,7 +108,7 @@ def test_body_fields_and_none_removes_a_default():
 
 
 def test_stale_keepalive_connection_is_retried_once_on_a_fresh_one():
-    head = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
+    head = b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
     resp = head + chunked(CHAT, 64)
     connections = []
 

@@ -65,11 +65,14 @@ def _trial(tmp_path: Path, monkeypatch, fault: str, **kw):
     return res
 
 
-@pytest.mark.parametrize("fault, first_error", [
-    ("http500", "HTTP 500"), ("cut", "ConnectionResetError"), ("malformed", "malformed event")])
-def test_two_failed_requests_of_eight_make_a_flaky_trial(tmp_path, monkeypatch, fault, first_error):
+@pytest.mark.parametrize("fault, kind, first_error", [
+    ("http500", "flaky", "HTTP 500"), ("cut", "protocol", "connection closed mid-stream"),
+    ("malformed", "protocol", "malformed event")])
+def test_two_failed_requests_of_eight_fail_the_trial(tmp_path, monkeypatch, fault, kind,
+                                                    first_error):
+    """5xx answers beside successes: flaky; a request broken inside its stream: protocol."""
     res = _trial(tmp_path, monkeypatch, fault)
-    assert res.outcome.kind == "flaky" and not res.outcome.feasible
+    assert res.outcome.kind == kind and not res.outcome.feasible
     assert "2 of 8 requests failed" in res.outcome.reason and first_error in res.outcome.reason
     assert res.metrics["completed"] == 6 and res.metrics["failed"] == 2
 

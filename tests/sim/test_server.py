@@ -83,7 +83,8 @@ def test_serves_streams_then_dies_like_infinilm_on_oom(tmp_path):
     try:
         health = wait_health(url, proc)
         assert health.status_code == 200
-        assert health.json() == {"status": "healthy", "sim": {"time_scale": 100.0}}
+        assert health.json() == {"status": "healthy",
+                                 "sim": {"time_scale": 100.0, "late_arrivals": 0}}
         assert requests.get(url + "/v1/models").json()["data"][0]["id"] == "llama-3.1-8b"
 
         resp = chat(url, 32, 40)

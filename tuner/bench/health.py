@@ -65,14 +65,12 @@ class HealthWatch:
         except (aiohttp.ClientConnectionError, OSError) as exc:
             return SERVER_DIED, f"GET {self.url}: {type(exc).__name__}: {exc}", {}
 
-    async def time_scale(self) -> float:
-        """Simulated seconds per wall second: 1 for real servers."""
+    async def sim(self) -> dict | None:
+        """The simulated-time block of /health ("sim"), None for a real server."""
         _, _, body = await self.probe()
         sim = body.get("sim") if isinstance(body, dict) else None
-        try:
-            return float(sim["time_scale"]) if isinstance(sim, dict) else 1.0
-        except (KeyError, TypeError, ValueError):
-            return 1.0
+        return sim if isinstance(sim, dict) else None
+
 
     async def watch(self, end: Callable[[str, str], None]) -> None:
         """Call `end(error_class, reason)` once the server is bad, then return.  A 5xx not yet
@@ -107,6 +105,14 @@ class HealthWatch:
                 self._kick.clear()
         finally:
             self.flaps += int(bad > 0)
+
+
+def time_scale(sim: dict | None) -> float:
+    """Simulated seconds per wall second from /health's "sim" block: 1 for real servers."""
+    try:
+        return float(sim["time_scale"]) if sim is not None else 1.0
+    except (KeyError, TypeError, ValueError):
+        return 1.0
 
 
 async def stall_watch(activity, stall_timeout_s: float, end: Callable[[str, str], None]) -> None:

@@ -17,7 +17,7 @@ from __future__ import annotations
 import asyncio
 import ssl
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -90,9 +90,11 @@ class ConnectionPool:
         self._all.clear()
         self._idle.clear()
 
-    def request_bytes(self, path: str, body: bytes) -> bytes:
+    def request_bytes(self, path: str, body: bytes,
+                      headers: Mapping[str, str] | None = None) -> bytes:
+        extra = "".join(f"{name}: {value}\r\n" for name, value in (headers or {}).items())
         return (f"POST {self.prefix}{path} HTTP/1.1\r\nHost: {self.host_header}\r\n"
-                f"Content-Type: application/json\r\nAccept: text/event-stream\r\n"
+                f"Content-Type: application/json\r\nAccept: text/event-stream\r\n{extra}"
                 f"Content-Length: {len(body)}\r\n\r\n").encode("latin-1") + body
 
 

@@ -3,7 +3,9 @@
 The evidence is scattered: a log line (`cudaMalloc failed`), an exit status, a /health that
 turned 503, streams that stopped.  Only an OOM found in the log proves a memory failure, so log
 patterns from the search space are checked first; the other signals say how the server failed
-when the log is silent (a native crash prints nothing).
+when the log is silent (a native crash prints nothing).  `protocol`: the server stayed up but its
+accepted streams broke the SSE / OpenAI protocol or carried error events (tuner.bench.stream), so
+nothing it was measured at can be trusted: infeasible like every failure, never exportable.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from dataclasses import dataclass
 from tuner.server.process import PORT_TAKEN
 
 OK = "ok"
-FAILED_OUTCOMES = ("oom", "startup", "crash", "unhealthy", "hang", "flaky")
+FAILED_OUTCOMES = ("oom", "startup", "crash", "unhealthy", "hang", "protocol", "flaky")
 # Not the config's doing: the trial is failed (Optuna FAIL, not counted) and run again.
 RETRY_OUTCOMES = ("gpu_busy",)
 ALL_OUTCOMES = (OK, *FAILED_OUTCOMES, "rejected", "slo", "skipped", *RETRY_OUTCOMES)
@@ -93,6 +95,9 @@ def classify(ev: Evidence, patterns: Mapping[str, Iterable[str]]) -> Outcome:
                        + (f": {unhealthy_line}" if unhealthy_line else ""))
     if "hang" in ev.cell_errors:
         return Outcome("hang", "no token arrived within the stall timeout")
+    if "protocol" in ev.cell_errors:
+        return Outcome("protocol", "the server's streams broke the protocol while it stayed healthy"
+                       + (f": {ev.first_error}" if ev.first_error else ""))
     if "http_error" in ev.cell_errors:
         return Outcome("rejected", "the server refused requests of this workload (HTTP 4xx/5xx)"
                        + (f": {ev.first_error}" if ev.first_error else ""))

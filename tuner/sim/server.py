@@ -2,8 +2,10 @@
 
 One asyncio task advances the engine to "now" in simulated time (wall clock x time_scale) every
 ~2 ms of wall time and wakes the request handlers, which send the tokens whose simulated time has
-come (one SSE chunk per request per tick, listing each token's `sim_t`).  The simulated-time
-protocol (`/health` "sim", `X-Tuner-Sim-Arrival`, per-chunk `sim_t`) is in docs/architecture.md.
+come (one SSE chunk per request per tick, listing each token's `sim_t`).  The engine waits, and
+stamps arrivals, for requests a closed-loop client announced (tuner.sim.admission), so that wall
+jitter does not become simulated time.  The simulated-time protocol (`/health` "sim",
+`X-Tuner-Sim-Plan`, `X-Tuner-Sim-Arrival`, per-chunk `sim_t`) is in docs/architecture.md.
 
 Failure behaves like InfiniLM's: after an out-of-memory forward the step loop is dead, /health
 answers 503, in-flight streams hang without an error chunk and new requests are accepted and
@@ -23,6 +25,7 @@ from typing import Any
 from aiohttp import web
 
 from tuner.sim import nvml
+from tuner.sim.admission import PLAN_HEADER, Admission
 from tuner.sim.engine import Engine, SimRequest
 from tuner.sim.faults import ServerFaults
 from tuner.sim.prefix_cache import token_block_hashes
@@ -46,20 +49,28 @@ class SimServer:
         self._requests = 0
         self._wall0 = time.perf_counter()
         self._tick = asyncio.Condition()
+        self.admission = Admission()
 
     def sim_now(self) -> float:
         return (time.perf_counter() - self._wall0) * self.time_scale
 
     # ----- engine task ----------------------------------------------------------------------
     async def run_engine(self) -> None:
-        """Advance the engine to the current simulated time, then wake the handlers; forever."""
+        """Advance the engine to the current simulated time, then wake the handlers; forever.
+        After a step that finished requests it stops while their clients' next requests are
+        due (tuner.sim.admission)."""
         while True:
-            now = self.sim_now()
-            while self.engine.failed is None and self.engine.advance(now):
-                pass
+            if not self.admission.holding():
+                now = self.sim_now()
+                while self.engine.failed is None:
+                    done = self.engine.advance(now)
+                    due = self._wall0 + self.engine.clock / self.time_scale
+                    if not done or self.admission.finished([r.rid for r in done],
+                                                           self.engine.clock, due):
+                        break
             async with self._tick:
                 self._tick.notify_all()
-            await asyncio.sleep(TICK_S)
+            await self.admission.wait(TICK_S)
 
     async def _next_tick(self) -> None:
         async with self._tick:
@@ -72,7 +83,7 @@ class SimServer:
             self.log("sim fault: flap (/health answers 503 once)")
             healthy = False
         body = {"status": "healthy" if healthy else "unhealthy",
-                "sim": {"time_scale": self.time_scale}}
+                "sim": {"time_scale": self.time_scale, "late_arrivals": self.admission.late}}
         return web.json_response(body, status=200 if healthy else 503)
 
     async def models(self, _: web.Request) -> web.Response:
@@ -105,9 +116,11 @@ class SimServer:
         if chat and self.engine.cache.enabled:
             words = chat_prompt_words(body.get("messages"))
             hashes = tuple(token_block_hashes(words, self.engine.cfg.block_size))
-        req = self.engine.submit(prompt, max_tokens, self.sim_now(), hashes)
+        arrival, plan = self.admission.arrive(request.headers.get(PLAN_HEADER), self.sim_now())
+        req = self.engine.submit(prompt, max_tokens, arrival, hashes)
         if req.error:
             return _error(400, req.error)
+        self.admission.track(req.rid, plan)
         model = body.get("model") or self.model_name
         if body.get("stream"):
             return await self._stream(request, req, model, chat, fault)
