@@ -67,7 +67,7 @@ def _trial(tmp_path: Path, monkeypatch, fault: str, **kw):
 
 @pytest.mark.parametrize("fault, kind, first_error", [
     ("http500", "flaky", "HTTP 500"), ("cut", "protocol", "connection closed mid-stream"),
-    ("malformed", "protocol", "malformed event")])
+    ("malformed", "protocol", "event is not JSON")])
 def test_two_failed_requests_of_eight_fail_the_trial(tmp_path, monkeypatch, fault, kind,
                                                     first_error):
     """5xx answers beside successes: flaky; a request broken inside its stream: protocol."""
