@@ -84,3 +84,37 @@ def test_runnable_lowers_only_a_pool_that_does_not_fit():
     assert estimate(MODEL, knobs, list(CELLS), runtime=4 * GIB).need <= CAP
     small = {**default, "kv_cache_tokens": 8192}
     assert runnable(space, MODEL, CAP, CELLS, small) == small
+
+
+def test_pipeline_samples_the_share_and_trial_0_is_a_default_that_runs(tmp_path):
+    import argparse
+
+    from tuner.commands.tune_options import warm_start
+    from tuner.search.objectives import parse_objectives
+    from tuner.search.workload import Workload
+    from tuner.study.objective import TrialObjective
+    from tuner.trial.context import TrialContext
+    from tuner.trial.inprocess import InProcessRunner
+    from tuner.trial.pipeline import AdaptivePipeline
+
+    cap = 24564 * 2 ** 20                          # the simulated RTX 4090
+    space = resolve_space(load_space(ROOT / "search_spaces" / "infinilm.yaml"), MODEL, cap, CELLS)
+    workload = Workload("t", 0, None, CELLS, ("max output_throughput",), {})
+    ctx = TrialContext(space=space, workload=workload, model_dir=str(ROOT / "models" / "llama-3.1-8b"),
+                       simulate="rtx4090")
+    objectives = parse_objectives(["max output_throughput"])
+    pipe = AdaptivePipeline(ctx, objectives, MODEL, cap, runner=InProcessRunner("rtx4090"),
+                            screen_cells=0, kv_share=True)
+    optuna.logging.set_verbosity(optuna.logging.ERROR)
+    study = optuna.create_study(direction="maximize", sampler=optuna.samplers.RandomSampler(seed=0))
+    args = argparse.Namespace(no_defaults=False, seed_config=None, warm_start_from=None,
+                              sampler="auto")
+    assert warm_start(study, space, args, "", tmp_path, pipe) == 1
+    study.optimize(TrialObjective(ctx, objectives, tmp_path, 3, pipeline=pipe), n_trials=3)
+    first = study.trials[0]
+    assert first.user_attrs["is_default"] and first.user_attrs["outcome"] == "ok"
+    assert first.params["kv_cache_tokens"] < space.param("kv_cache_tokens").default
+    p = space.param("kv_cache_tokens")
+    for t in study.trials:
+        assert "kv_share" in t.params and p.low <= t.params["kv_cache_tokens"] <= p.high
+        assert t.distributions["kv_cache_tokens"].single()
