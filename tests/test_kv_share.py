@@ -118,3 +118,17 @@ def test_pipeline_samples_the_share_and_trial_0_is_a_default_that_runs(tmp_path)
     for t in study.trials:
         assert "kv_share" in t.params and p.low <= t.params["kv_cache_tokens"] <= p.high
         assert t.distributions["kv_cache_tokens"].single()
+
+
+def test_screening_only_when_it_saves_at_least_half_the_matrix():
+    from tuner.search.objectives import parse_objectives
+    from tuner.search.workload import Workload
+    from tuner.trial.context import TrialContext
+    from tuner.trial.pipeline import AdaptivePipeline
+
+    ctx = TrialContext(space=_space(), workload=Workload("t", 0, None, CELLS, (), {}),
+                       model_dir="m", simulate="rtx4090")
+    pipe = AdaptivePipeline(ctx, parse_objectives(["max output_throughput"]), MODEL, CAP,
+                            screen_cells=3)
+    assert pipe._screener([], 5, {}) is None          # 3 of 5 cells: saves too little
+    assert pipe._screener([], 6, {}) is not None
