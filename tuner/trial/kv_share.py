@@ -165,8 +165,10 @@ def runnable(space: SearchSpace, model: ModelInfo, capacity: int, cells: Sequenc
 
     low, step = int(p.low), int(p.step or 1)
     value = int(params[p.name])
-    if fits(value) or not fits(low):
+    if fits(value):
         return params
+    if not fits(low):  # the pool is not what overflows: the smallest one is the nearest
+        return {**params, p.name: low}
     n = _largest(lambda i: fits(low + i * step), (value - low) // step)
     return {**params, p.name: low + n * step}
 
