@@ -53,7 +53,8 @@ from tuner.commands.tune_options import warm_start  # noqa: E402
 from tuner.search.bounds import resolve_space  # noqa: E402
 from tuner.search.model import load_model_info  # noqa: E402
 from tuner.search.objectives import parse_objectives  # noqa: E402
-from tuner.search.space import SearchSpace, load_space  # noqa: E402
+from tuner.search.space import SearchSpace  # noqa: E402
+from tuner.search.space_file import load_space  # noqa: E402
 from tuner.search.workload import Workload  # noqa: E402
 from tuner.sim.profiles import get_profile  # noqa: E402
 from tuner.study.objective import TrialObjective, counted  # noqa: E402

@@ -71,10 +71,10 @@ def knob_report(study: optuna.Study, threshold: float = 0.02) -> KnobReport | No
     return KnobReport(len(ok), importance, no_effect, constant, barely)
 
 
-<<<<<<< HEAD
 def _objective(i: int) -> Callable[[FrozenTrial], float]:
     return lambda t: t.values[i]
-=======
+
+
 def _common_ranges(trials: list[FrozenTrial]) -> list[FrozenTrial]:
     """The trials with one distribution per knob: a KV knob rendered from a share is suggested
     as a single value per trial (tuner.trial.kv_share), which fANOVA takes for a dynamic space."""
@@ -90,7 +90,6 @@ def _common_ranges(trials: list[FrozenTrial]) -> list[FrozenTrial]:
             for n, (lo, hi) in spans.items()}
     return [optuna.trial.create_trial(params=t.params, distributions={**t.distributions, **wide},
                                       values=t.values, user_attrs=t.user_attrs) for t in trials]
->>>>>>> 6c5a51c (Search that finds the feasibility edge: KV sampled as a share of the headroom, edge bisected on the estimate's error from OOMs and healthy runs; --trials counts measured configs (--max-skips), runnable trial 0, --patience; shipped spaces size KV with high: auto; targets --model; search_efficiency becomes a suite of scenarios with near-exhaustive ground truth)
 
 
 def describe(report: KnobReport | None, threshold: float = 0.02) -> str:

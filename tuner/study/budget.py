@@ -66,13 +66,8 @@ class Convergence:
             study.stop()
 
 
-<<<<<<< HEAD
 def run_to_budget(study: optuna.Study, objective: Callable[[optuna.Trial], Sequence[float]],
                   target: int,
-                  trials_dir: Path, callbacks: Sequence[Callback] = ()) -> None:
-    """Optimize until `target` trials are COMPLETE, re-queueing the trials of dead workers."""
-=======
-def run_to_budget(study: optuna.Study, objective: Callable[[optuna.Trial], object], target: int,
                   trials_dir: Path, callbacks: Sequence[Callback] = (),
                   max_skips: int | None = None, convergence: Convergence | None = None) -> None:
     """Optimize until `target` measured trials are COMPLETE, re-queueing the trials of dead
@@ -86,7 +81,6 @@ def run_to_budget(study: optuna.Study, objective: Callable[[optuna.Trial], objec
             study.stop()
 
     extra = [cap, *([convergence] if convergence is not None else [])]
->>>>>>> 6c5a51c (Search that finds the feasibility edge: KV sampled as a share of the headroom, edge bisected on the estimate's error from OOMs and healthy runs; --trials counts measured configs (--max-skips), runnable trial 0, --patience; shipped spaces size KV with high: auto; targets --model; search_efficiency becomes a suite of scenarios with near-exhaustive ground truth)
     while True:
         if convergence is not None and convergence.fired:
             return

@@ -10,13 +10,13 @@ from optuna.distributions import IntDistribution
 from tuner.bench.records import Cell
 from tuner.search.bounds import resolve_space
 from tuner.search.model import load_model_info
-from tuner.search.space import load_space
+from tuner.search.space_file import load_space
 from tuner.study.record import TrialRecord
 from tuner.trial.kv_share import KvEdge, calibrate, kv_param, runnable
 from tuner.trial.memory_estimate import Estimate, estimate, knobs_from_params
 from tuner.trial.prescreen import estimate_attr
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 GIB = 2 ** 30
 CAP = 24 * GIB
 CELLS = (Cell(4, 4096, 256, 8), Cell(16, 256, 256, 32))
