@@ -31,11 +31,19 @@ def test_json_has_ranges_choices_targets_and_defaults(capsys):
     want = {"type": "int", "low": 8, "high": 1024, "log": True, "via": "flag",
             "target": "--max-num-seqs", "default": None}
     assert {k: knobs["max_num_seqs"][k] for k in want} == want
-    assert knobs["gpu_memory_utilization"]["default"] == 0.92
+    assert knobs["num_gpu_blocks"]["range"] == "[64, auto]"   # high: auto, no --model
     assert knobs["block_size"]["choices"] == [16, 32, 64]
     tknobs = {k["name"]: k for k in records["transformers"]["knobs"]}
     assert tknobs["scheduler_type"]["target"] == "TUNER_CB_SCHEDULER_TYPE"
     assert records["transformers"]["fixed_env"] == {"HF_HUB_OFFLINE": "1", "HF_HUB_DISABLE_UPDATE_CHECK": "1"}
+
+
+def test_model_and_card_resolve_the_kv_range(capsys):
+    assert main(["targets", "--format", "json", "transformers", "--model",
+                 "models/llama-3.1-8b", "--gpu-memory", "24GiB"]) == 0
+    knob = {k["name"]: k for k in json.loads(capsys.readouterr().out)[0]["knobs"]}["cb_num_blocks"]
+    assert knob["range"].endswith("(auto)") and 64 < knob["high"] < 16384
+    assert main(["targets", "transformers", "--gpu-memory", "24GiB"]) == 2
 
 
 def test_unknown_space_exits_2(capsys):

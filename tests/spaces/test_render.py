@@ -20,6 +20,7 @@ from tuner.search.space_file import load_space
 
 KW = {"model": "/models/llama", "host": "127.0.0.1", "port": 8123, "max_output_len": 256}
 PY = sys.executable
+MODEL_DIR = Path(__file__).resolve().parents[2] / "models" / "llama-3.1-8b"
 
 
 def _space(name: str):
@@ -27,14 +28,14 @@ def _space(name: str):
 
 
 def test_vllm_renders_exact_argv():
-    params = {"max_num_seqs": 96, "max_num_batched_tokens": 4096, "gpu_memory_utilization": 0.85,
+    params = {"num_gpu_blocks": 900, "max_num_seqs": 96, "max_num_batched_tokens": 4096,
               "block_size": 32, "disable_chunked_prefill": False, "long_prefill_token_threshold": 1024,
               "enforce_eager": True, "max_cudagraph_capture_size": 256}
     argv, env = _space("vllm").render(params, **KW)
     assert argv == ["vllm", "serve", "/models/llama", "--host", "127.0.0.1", "--port", "8123",
                     "--tensor-parallel-size", "1", "--seed", "0", "--disable-uvicorn-access-log",
-                    "--max-num-seqs", "96", "--max-num-batched-tokens", "4096",
-                    "--gpu-memory-utilization", "0.85", "--block-size", "32",
+                    "--gpu-memory-utilization", "0.95", "--num-gpu-blocks-override", "900",
+                    "--max-num-seqs", "96", "--max-num-batched-tokens", "4096", "--block-size", "32",
                     "--long-prefill-token-threshold", "1024", "--enforce-eager",
                     "--max-cudagraph-capture-size", "256"]
     assert env == {}
@@ -44,13 +45,14 @@ def test_vllm_renders_exact_argv():
 
 
 def test_sglang_renders_exact_argv():
-    params = {"max_running_requests": 128, "chunked_prefill_size": 2048, "mem_fraction_static": 0.8,
+    params = {"max_total_tokens": 60000, "max_running_requests": 128, "chunked_prefill_size": 2048,
               "schedule_policy": "lpm", "schedule_conservativeness": 0.7, "cuda_graph_max_bs_decode": 64}
     argv, env = _space("sglang").render(params, **KW)
     assert argv == [PY, "-m", "sglang.launch_server", "--model-path", "/models/llama",
                     "--host", "127.0.0.1", "--port", "8123", "--tp-size", "1", "--random-seed", "0",
+                    "--mem-fraction-static", "0.95", "--max-total-tokens", "60000",
                     "--max-running-requests", "128", "--chunked-prefill-size", "2048",
-                    "--mem-fraction-static", "0.8", "--schedule-policy", "lpm",
+                    "--schedule-policy", "lpm",
                     "--schedule-conservativeness", "0.7", "--cuda-graph-max-bs-decode", "64"]
     assert env == {}
 
@@ -97,7 +99,7 @@ def test_infinilm_renders_exact_argv_and_seed_env():
 def test_sampled_configs_render_every_knob_once_in_range(name):
     space = _space(name)
     if any(p.high_auto for p in space.parameters):  # infinilm: KV capacity sized for a 24 GiB card
-        model = load_model_info(Path(__file__).resolve().parents[2] / "models" / "llama-3.1-8b")
+        model = load_model_info(MODEL_DIR)
         space = resolve_space(space, model, 24 * 2**30, [])
     dists = space.distributions()
     study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=0))
@@ -123,7 +125,7 @@ def test_sampled_configs_render_every_knob_once_in_range(name):
 # default is the seed's known OOM on a 24 GB card.
 @pytest.mark.parametrize("name", ["vllm", "sglang", "transformers"])
 def test_default_config_is_inside_the_space(name):
-    space = _space(name)
+    space = resolve_space(_space(name), load_model_info(MODEL_DIR), 24 * 2 ** 30, ())
     dists = space.distributions()
     for key, value in space.default_params().items():
         assert dists[key]._contains(dists[key].to_internal_repr(value)), (key, value)

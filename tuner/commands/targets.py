@@ -14,9 +14,12 @@ from pathlib import Path
 from typing import Any
 
 from tuner.errors import UsageError
+from tuner.search.bounds import parse_size, resolve_space
+from tuner.search.model import load_model_info
 from tuner.paths import shipped
 from tuner.search.space import Param, SearchSpace
 from tuner.search.space_file import load_space
+from tuner.sim.profiles import get_profile
 
 DEFAULT_DIR = "search_spaces"
 
@@ -33,7 +36,26 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     p.add_argument("--dir", default=DEFAULT_DIR, help="folder of search-space YAML files (default: %(default)s)")
     p.add_argument("--format", choices=("table", "json"), default="table",
                    help="stdout format (default: table)")
+    p.add_argument("--model", help="model dir with config.json: resolve 'high: auto' bounds for it")
+    p.add_argument("--gpu-memory", metavar="SIZE",
+                   help="card size for 'high: auto' with --model, e.g. 24GiB")
+    p.add_argument("--simulate", metavar="GPU", help="or: a simulated GPU profile's memory")
     return p
+
+
+def resolve_all(spaces: list[SearchSpace], args: argparse.Namespace) -> list[SearchSpace]:
+    """The spaces with `high: auto` resolved for --model on the card of --gpu-memory/--simulate
+    (what `tuner tune` would search before the workload raises a token pool's lower bound)."""
+    if not args.model:
+        if args.gpu_memory or args.simulate:
+            raise UsageError("--gpu-memory/--simulate resolve 'high: auto' only with --model")
+        return spaces
+    capacity = (parse_size(args.gpu_memory) if args.gpu_memory
+                else get_profile(args.simulate).memory_bytes if args.simulate else None)
+    if capacity is None:
+        raise UsageError("--model resolves 'high: auto' for a card: give --gpu-memory or --simulate")
+    model = load_model_info(args.model)
+    return [resolve_space(s, model, capacity, ()) for s in spaces]
 
 
 def load_spaces(folder: Path, names: list[str]) -> list[SearchSpace]:
@@ -58,7 +80,8 @@ def load_spaces(folder: Path, names: list[str]) -> list[SearchSpace]:
 
 def knob_row(p: Param) -> dict[str, Any]:
     """One knob as plain data: what `--format json` prints and the table shows."""
-    rng = p.describe() + (f" step {p.step:g}" if p.step else "")
+    rng = p.describe() + (f" step {p.step:g}" if p.step else "") + (
+        " (auto)" if p.high_auto and p.high is not None else "")
     row: dict[str, Any] = {"name": p.name, "type": p.type, "range": rng,
                            "via": "flag" if p.flag else "env", "target": p.flag or p.env,
                            "default": p.default, "help": p.help}
@@ -109,7 +132,8 @@ def format_table(records: list[dict[str, Any]]) -> str:
 
 def run(args: argparse.Namespace) -> int:
     """Print the shipped spaces; a malformed file is a UsageError (exit 2)."""
-    records = [space_record(s) for s in load_spaces(shipped(args.dir), list(args.names))]
+    spaces = resolve_all(load_spaces(shipped(args.dir), list(args.names)), args)
+    records = [space_record(s) for s in spaces]
     if args.format == "json":
         print(json.dumps(records, indent=2, default=str))
     else:

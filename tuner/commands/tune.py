@@ -1,6 +1,7 @@
 """`tuner tune`: run (or resume) a study, then write best.env and report.html.
 
-`--trials N` is the number of finished trials the study should hold, not a number to add: the
+`--trials N` is the number of measured trials (configs run on the server; pre-screen skips do
+not count) the study should hold, not a number to add: the
 same command run again after a crash or Ctrl-C continues where the study stopped (`--resume`
 says so explicitly and refuses to start a new study).  Every input is checked before the study
 is touched, so a mistake leaves nothing behind.
@@ -39,7 +40,7 @@ from tuner.server import preflight
 from tuner.server.gpu import GpuState, read_gpu
 from tuner.server.memcap import CapSetup, memory_cap
 from tuner.sim.nvml import SIM_NVML_ENV
-from tuner.study.budget import finished, run_to_budget
+from tuner.study.budget import Convergence, finished, run_to_budget
 from tuner.study.create import create_or_load
 from tuner.study.objective import TrialObjective
 from tuner.study.record import Stage, TrialRecord, records, set_bounds
@@ -61,7 +62,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--simulate", metavar="GPU", help="run the built-in simulated server with this GPU profile, e.g. rtx4090")
     p.add_argument("--time-scale", type=float, default=DEFAULT_TIME_SCALE,
                    help="simulated seconds per wall second with --simulate (default: %(default)s)")
-    p.add_argument("--trials", type=int, default=20, help="finished trials the study should hold (default: %(default)s)")
+    p.add_argument("--trials", type=int, default=20,
+                   help="configs measured on the server that the study should hold; pre-screen "
+                        "skips and repeats of a measured config do not count (see --max-skips) "
+                        "(default: %(default)s)")
     p.add_argument("--study", help="study name (default: <space>-<model>-<gpu>)")
     p.add_argument("--studies-dir", default="studies", help="where study folders live (default: %(default)s)")
     p.add_argument("--storage", help="Optuna storage URL (default: sqlite:///<studies-dir>/<study>/study.db)")
@@ -184,14 +188,19 @@ def _run(args: argparse.Namespace, stack: contextlib.ExitStack) -> int:
     study = _open_study(args, setup, name, url)
     if gpus:
         return run_workers(_argv_without_gpus(args.cli_argv), gpus)
-    queued = warm_start(study, setup.ctx.space, args, url, studies_dir)
+    pipeline = AdaptivePipeline(setup.ctx, setup.objectives, setup.model, setup.capacity,
+                                prescreen=not args.no_prescreen, screen_cells=args.screen_cells,
+                                confirm=args.confirm,
+                                kv_share=not args.kv_absolute and args.sampler != "grid")
+    _print_bounds(setup.ctx.space, pipeline)
+    queued = warm_start(study, setup.ctx.space, args, url, studies_dir, pipeline)
     if queued:
         print(f"study {name}: {queued} warm-start config(s) queued first")
     target = _grid_target(study, setup.ctx.space, args) if args.sampler == "grid" else args.trials
     done = finished(study)
-    print(f"study {name}: {done} finished trials, running up to {max(0, target - done)} more "
+    print(f"study {name}: {done} measured trials, measuring up to {max(0, target - done)} more "
           f"({url})")
-    _optimize(study, setup, args, studies_dir / name / "trials", target)
+    _optimize(study, setup, pipeline, args, studies_dir / name / "trials", target)
     _summary(study)
     if not args.no_export:
         _export(study, studies_dir / name)
@@ -207,25 +216,36 @@ def _grid_target(study: optuna.Study, space: SearchSpace, args: argparse.Namespa
     return min(args.trials, size)
 
 
-def _optimize(study: optuna.Study, setup: _Setup, args: argparse.Namespace, trials_dir: Path,
-              target: int) -> None:
-    pipeline = AdaptivePipeline(setup.ctx, setup.objectives, setup.model, setup.capacity,
-                                prescreen=not args.no_prescreen, screen_cells=args.screen_cells,
-                                confirm=args.confirm)
+def _print_bounds(space: SearchSpace, pipeline: AdaptivePipeline) -> None:
+    """The banner line of each auto-bounded knob: the range resolved for this model and card."""
+    for p in space.parameters:
+        if p.high_auto and pipeline.capacity is not None:
+            how = ("sampled as a share of the headroom the other knobs leave"
+                   if pipeline.kv_edge is not None else "sampled as an absolute size")
+            print(f"{p.name}: [{p.low:g}, {p.high:g}] for this model on a "
+                  f"{pipeline.capacity / 2**30:.1f} GiB card (high: auto), {how}")
+
+
+def _optimize(study: optuna.Study, setup: _Setup, pipeline: AdaptivePipeline,
+              args: argparse.Namespace, trials_dir: Path, target: int) -> None:
     objective = TrialObjective(ctx=setup.ctx, objectives=setup.objectives, trials_dir=trials_dir,
                                max_trials=target, pipeline=pipeline)
     bar = tqdm(total=target, initial=finished(study), unit="trial", dynamic_ncols=True)
     metric = setup.objectives[0].metric
 
     def on_trial(study: optuna.Study, trial: optuna.trial.FrozenTrial) -> None:
-        if trial.state == TrialState.COMPLETE:
+        if trial.state == TrialState.COMPLETE and not TrialRecord.of(trial).unmeasured:
             bar.update(1)
         bar.set_postfix_str(_progress_text(study, trial, metric))
 
+    stop = Convergence(args.patience) if args.patience else None
     try:
-        run_to_budget(study, objective, target, trials_dir, callbacks=[on_trial])
+        run_to_budget(study, objective, target, trials_dir, callbacks=[on_trial],
+                      max_skips=args.max_skips or 2 * target, convergence=stop)
     finally:
         bar.close()
+    if stop is not None and stop.fired:
+        print(stop.fired)
 
 
 def _export(study: optuna.Study, folder: Path) -> None:

@@ -1,14 +1,15 @@
 """`tuner tune`'s adaptive-search options, kept out of tune.py so both can change independently.
 
 Options: --gpu-memory (the card size the bounds and pre-screen use), --no-prescreen,
---screen-cells, --confirm, --seed-config, --warm-start-from, --no-defaults.
+--screen-cells, --confirm, --seed-config, --warm-start-from, --no-defaults, --kv-absolute,
+--max-skips, --patience.
 """
 
 from __future__ import annotations
 
 import argparse
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import optuna
 
@@ -19,8 +20,12 @@ from tuner.server.gpu import GpuState
 from tuner.sim.profiles import get_profile
 from tuner.search.space import SearchSpace
 from tuner.search.warmstart import clip_to_space, enqueue, load_seed_config, pareto_configs
-from tuner.study.record import DEFAULT_MARK
+from tuner.study.record import DEFAULT_MARK, KV_SHARE, kv_mark
 from tuner.study.storage import find_study
+from tuner.trial.kv_share import runnable
+
+if TYPE_CHECKING:
+    from tuner.trial.pipeline import AdaptivePipeline
 
 
 def add_adaptive_args(p: argparse.ArgumentParser) -> None:
@@ -43,7 +48,16 @@ def add_adaptive_args(p: argparse.ArgumentParser) -> None:
                    help="run the feasible Pareto set of this earlier study first (a study name "
                         "in the same storage or under --studies-dir, or a sqlite URL as URL#NAME)")
     p.add_argument("--no-defaults", action="store_true",
-                   help="do not enqueue the server's default config as the first trial")
+                   help="do not enqueue the server's default config as the first trial (it is "
+                        "enqueued with its KV pool lowered until the memory estimate says it fits)")
+    p.add_argument("--kv-absolute", action="store_true",
+                   help="let the sampler draw the KV pool as an absolute size instead of a share "
+                        "of the memory headroom the other knobs leave")
+    p.add_argument("--max-skips", type=int, metavar="N",
+                   help="stop after N configs that were not measured (pre-screen skips, repeats "
+                        "of a measured config); default: twice --trials")
+    p.add_argument("--patience", type=int, metavar="K",
+                   help="stop early when the chosen config has not changed in K measured trials")
 
 
 def capacity_bytes(args: argparse.Namespace, gpu_state: GpuState | None) -> int | None:
@@ -63,6 +77,9 @@ def check_adaptive_args(args: argparse.Namespace) -> None:
         raise UsageError("--screen-cells must be >= 0")
     if args.confirm < 0:
         raise UsageError("--confirm must be >= 0")
+    for flag in ("max_skips", "patience"):
+        if getattr(args, flag, None) is not None and getattr(args, flag) < 1:
+            raise UsageError(f"--{flag.replace('_', '-')} must be >= 1")
 
 
 def default_on_grid(space: SearchSpace) -> dict[str, Any]:
@@ -71,18 +88,45 @@ def default_on_grid(space: SearchSpace) -> dict[str, Any]:
 
 
 def warm_start(study: optuna.Study, space: SearchSpace, args: argparse.Namespace,
-               storage: str, studies_dir: Path) -> int:
-    """Enqueue the warm-start configs of a fresh study; returns how many were enqueued."""
+               storage: str, studies_dir: Path, pipeline: AdaptivePipeline | None = None) -> int:
+    """Enqueue the warm-start configs of a fresh study; returns how many were enqueued.
+
+    With a pipeline that knows the card, the server's default is made runnable first (its KV
+    pool lowered until it fits: `tuner.trial.kv_share.runnable`); with the KV share on, each
+    config travels as its share plus the KV value to run (`record.kv_mark`)."""
     if study.get_trials(deepcopy=False):
         return 0  # resuming: whatever was enqueued the first time is already there
     # The report compares the chosen config with this one (marked as the default).
-    default = (default_on_grid(space) if getattr(args, "sampler", None) == "grid"
-               else clip_to_space(space, space.default_params()))
-    added = 0 if args.no_defaults else enqueue(study, [default], user_attrs=DEFAULT_MARK)
+    if getattr(args, "sampler", None) == "grid":
+        default = default_on_grid(space)
+    else:
+        default = clip_to_space(space, space.default_params())
+        if pipeline is not None and pipeline.capacity is not None:
+            default = runnable(space, pipeline.model, pipeline.capacity,
+                               pipeline.ctx.workload.cells, default)
+    added = 0 if args.no_defaults else _enqueue(study, [default], pipeline, DEFAULT_MARK)
     configs = [load_seed_config(space, f) for f in args.seed_config or []]
     if args.warm_start_from:
         configs += pareto_configs(_earlier(args.warm_start_from, storage, studies_dir), space)
-    return added + enqueue(study, configs)
+    return added + _enqueue(study, configs, pipeline, {})
+
+
+def _enqueue(study: optuna.Study, configs: list[dict[str, Any]],
+             pipeline: AdaptivePipeline | None, attrs: dict[str, Any]) -> int:
+    """`enqueue`, with the KV knob of each config turned into its share when the share is on."""
+    edge = pipeline.kv_edge if pipeline is not None else None
+    if edge is None:
+        return enqueue(study, configs, user_attrs=attrs or None)
+    name, added = edge.param.name, 0
+    for params in configs:
+        if name not in params:
+            added += enqueue(study, [params], user_attrs=attrs or None)
+            continue
+        rest = {k: v for k, v in params.items() if k != name}
+        share = edge.share_of(rest, int(params[name]), [])
+        added += enqueue(study, [{**rest, KV_SHARE: share}],
+                         user_attrs={**attrs, **kv_mark(int(params[name]))})
+    return added
 
 
 def _earlier(ref: str, storage: str, studies_dir: Path) -> optuna.Study:

@@ -21,7 +21,7 @@ import optuna
 from optuna.importance import FanovaImportanceEvaluator, get_param_importances
 from optuna.trial import FrozenTrial, TrialState
 
-from tuner.study.record import StudyInfo, TrialRecord
+from tuner.study.record import KV_SHARE, StudyInfo, TrialRecord
 
 MIN_TRIALS = 5
 
@@ -43,7 +43,8 @@ def knob_report(study: optuna.Study, threshold: float = 0.02) -> KnobReport | No
         return None
     labels = list(StudyInfo.of(study).objectives) or \
         [f"objective {i}" for i in range(len(study.directions))]
-    params = sorted({k for t in ok for k in t.params})
+    ok = _common_ranges(ok)
+    params = sorted({k for t in ok for k in t.params} - {KV_SHARE})
     counts = {p: Counter(repr(t.params.get(p)) for t in ok) for p in params}
     constant = [p for p in params if len(counts[p]) == 1]
     varying = [p for p in params if p not in constant]
@@ -72,6 +73,23 @@ def knob_report(study: optuna.Study, threshold: float = 0.02) -> KnobReport | No
 
 def _objective(i: int) -> Callable[[FrozenTrial], float]:
     return lambda t: t.values[i]
+
+
+def _common_ranges(trials: list[FrozenTrial]) -> list[FrozenTrial]:
+    """The trials with one distribution per knob: a KV knob rendered from a share is suggested
+    as a single value per trial (tuner.trial.kv_share), which fANOVA takes for a dynamic space."""
+    spans: dict[str, tuple[float, float]] = {}
+    for t in trials:
+        for name, d in t.distributions.items():
+            if isinstance(d, optuna.distributions.IntDistribution) and d.single():
+                lo, hi = spans.get(name, (d.low, d.high))
+                spans[name] = (min(lo, d.low), max(hi, d.high))
+    if not spans:
+        return trials
+    wide = {n: optuna.distributions.IntDistribution(int(lo), int(max(hi, lo + 1)))
+            for n, (lo, hi) in spans.items()}
+    return [optuna.trial.create_trial(params=t.params, distributions={**t.distributions, **wide},
+                                      values=t.values, user_attrs=t.user_attrs) for t in trials]
 
 
 def describe(report: KnobReport | None, threshold: float = 0.02) -> str:

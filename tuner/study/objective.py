@@ -29,10 +29,12 @@ if TYPE_CHECKING:
     from tuner.trial.pipeline import AdaptivePipeline
 
 
-def suggest(trial: optuna.Trial, ctx: TrialContext) -> dict[str, Any]:
+def suggest(trial: optuna.Trial, ctx: TrialContext, exclude: tuple[str, ...] = ()) -> dict[str, Any]:
     """Ask the sampler for one value per knob, through Optuna's public suggest API."""
     params: dict[str, Any] = {}
     for p in ctx.space.parameters:
+        if p.name in exclude:
+            continue
         dist = p.distribution()
         if isinstance(dist, optuna.distributions.IntDistribution):
             params[p.name] = trial.suggest_int(p.name, dist.low, dist.high, step=dist.step,
@@ -45,9 +47,11 @@ def suggest(trial: optuna.Trial, ctx: TrialContext) -> dict[str, Any]:
     return params
 
 
-def counted(study: optuna.Study) -> list[optuna.trial.FrozenTrial]:
-    """Trials that count towards the budget: finished, or being run by some worker."""
-    return study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.RUNNING))
+def counted(study: optuna.Study) -> list[rec.TrialRecord]:
+    """Trials that count towards the budget: configs measured on the server, finished or being
+    run by some worker.  A pre-screen skip or a copy of an earlier result measures nothing."""
+    return [t for t in rec.records(study, (TrialState.COMPLETE, TrialState.RUNNING))
+            if not t.unmeasured]
 
 
 @dataclass
@@ -72,7 +76,8 @@ class TrialObjective:
             ahead = [t for t in counted(study) if t.number < trial.number]
             if len(ahead) >= self.max_trials:
                 raise optuna.TrialPruned("the study's trial budget was reached by other workers")
-        params = suggest(trial, self.ctx)
+        params = (self.pipeline.suggest(trial) if self.pipeline is not None
+                  else suggest(trial, self.ctx))
         key = rec.config_key(params)
         rec.set_provenance(trial, config_key=key)
         done = rec.completed_with_key(study, key)

@@ -29,6 +29,7 @@ _ABLATION = "ablation"
 _BOUNDS = "bounds"
 _FINGERPRINT = "space_fingerprint"
 _GRID_SEED = "grid_seed"
+_KV_VALUE = "kv_value"                  # enqueued with a KV share: the KV knob's value to run
 
 
 class Stage(str, Enum):
@@ -108,6 +109,13 @@ class TrialRecord:
         """Ran a server itself, rather than copying the result of an identical config."""
         return self.cached_from is None
 
+    @property
+    def unmeasured(self) -> bool:
+        """Finished without running on the server: skipped by the pre-screen, or a copy.  Such
+        trials do not use up `--trials`."""
+        return self.state == TrialState.COMPLETE and (
+            self.outcome == "skipped" or not self.original)
+
 
 def _int(attrs: Mapping[str, Any], key: str) -> int | None:
     v = attrs.get(key)
@@ -115,8 +123,24 @@ def _int(attrs: Mapping[str, Any], key: str) -> int | None:
 
 
 def config_key(params: Mapping[str, Any]) -> str:
-    """A config's identity: equal params, equal key (to copy instead of re-running it)."""
-    return hashlib.sha256(repr(sorted(params.items())).encode()).hexdigest()[:16]
+    """A config's identity: equal params, equal key (to copy instead of re-running it).  The
+    sampler-side KV share is not part of it: two shares that render to one pool are one config."""
+    knobs = sorted((k, v) for k, v in params.items() if k != KV_SHARE)
+    return hashlib.sha256(repr(knobs).encode()).hexdigest()[:16]
+
+
+KV_SHARE = "kv_share"   # the parameter the sampler draws instead of the KV knob (trial.kv_share)
+
+
+def kv_mark(value: int) -> dict[str, Any]:
+    """user_attrs of a config enqueued as a KV share: the pool it was asked to run with."""
+    return {_KV_VALUE: int(value)}
+
+
+def kv_value(trial: optuna.Trial) -> int | None:
+    """The KV knob's value an enqueued trial must run with (see `kv_mark`), if any."""
+    v = trial.user_attrs.get(_KV_VALUE)
+    return int(v) if isinstance(v, (int, float)) else None
 
 
 def params_of(t: FrozenTrial) -> dict[str, Any]:

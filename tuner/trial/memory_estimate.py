@@ -14,7 +14,8 @@ the study's own OOMs and healthy runs (and from the measured idle memory when on
 * KV pool: tokens x 2 x layers x kv_heads x head_dim x dtype bytes.
 * runtime overhead: CUDA context (~0.5 GiB), cuBLAS / attention workspaces and allocator slack.
   Real servers idle 2-4 GiB above weights + pool; the prior takes the low end (2 GiB, plus
-  0.5 GiB for a CUDA-graph pool) so that an uncalibrated estimate skips too little, not too much.
+  0.5 GiB for a CUDA-graph pool) so that an uncalibrated estimate skips too little, not too much;
+  the first trial, which must run, is sized with the high end (`RUNTIME_HIGH_BYTES`).
 * activations per token: full-vocabulary fp32 logits (`vocab x 4` bytes: servers compute logits
   for every prefill token), the gated MLP's three intermediate-sized tensors and a handful of
   hidden-sized ones (q, attention output, norms, residual).
@@ -39,6 +40,7 @@ from tuner.search.space import SearchSpace, blocks_to_tokens, tokens_to_blocks
 
 GIB = 1 << 30
 RUNTIME_PRIOR_BYTES = 2 * GIB
+RUNTIME_HIGH_BYTES = 4 * GIB    # the high end of what servers idle above weights + pool
 GRAPH_POOL_PRIOR_BYTES = GIB // 2
 LIVE_CONTEXT_COPY = 1.0
 MLP_TENSORS = 3

@@ -25,9 +25,11 @@ from tuner.bench.runner import CellResult
 from tuner.search.model import ModelInfo
 from tuner.search.objectives import Objective
 from tuner.server.outcome import Outcome
+from tuner.study.objective import suggest
 from tuner.study.pareto import on_front
 from tuner.study.record import Stage, TrialRecord, records
 from tuner.trial.context import TrialContext
+from tuner.trial.kv_share import KvEdge, kv_param
 from tuner.trial.memory_estimate import Estimate, estimate, knobs_from_params
 from tuner.trial.prescreen import calibrated_runtime, decide, estimate_attr, memory_constraint
 from tuner.trial.result import KeepGoing, TrialResult
@@ -49,7 +51,23 @@ class AdaptivePipeline:
     prescreen: bool = True
     screen_cells: int = 3             # 0: every config runs the full matrix
     confirm: int = 0                  # extra runs of each config that enters the Pareto front
+    kv_share: bool = False            # sample the KV knob as a share of the headroom (kv_share)
     log: Callable[[str], None] = field(default=lambda line: None)
+
+    @property
+    def kv_edge(self) -> KvEdge | None:
+        """The share-to-KV renderer, when it is on and the space and card allow it."""
+        if not self.kv_share or self.capacity is None or kv_param(self.ctx.space) is None:
+            return None
+        return KvEdge(self.ctx.space, self.model, self.capacity, tuple(self.ctx.workload.cells))
+
+    def suggest(self, trial: optuna.Trial) -> dict[str, Any]:
+        """The trial's config: every knob from the sampler, the KV knob through the share."""
+        edge = self.kv_edge
+        if edge is None:
+            return suggest(trial, self.ctx)
+        params = suggest(trial, self.ctx, exclude=(edge.param.name,))
+        return edge.suggest(trial, params, records(trial.study, (TrialState.COMPLETE,)))
 
     def run(self, study: optuna.Study, params: dict[str, Any], trial_dir: Path) -> TrialResult:
         trials = records(study, (TrialState.COMPLETE,))
@@ -92,8 +110,8 @@ class AdaptivePipeline:
                   out: dict[str, Any]) -> KeepGoing | None:
         """The keep_going callback: after the screening cells, decide whether to go on."""
         k = self.screen_cells
-        if k <= 0 or k >= n_cells:
-            return None
+        if k <= 0 or 2 * k > n_cells:  # saving under half the matrix is not worth
+            return None                # dropping the best config on an estimate
 
         def keep_going(results: list[CellResult]) -> bool:
             if len(results) != k:

@@ -1,0 +1,134 @@
+"""KV share of the headroom: the edge fits the card, moves down after an OOM (bisection of the
+estimate's error), and trial 0 is made runnable."""
+
+import math
+from pathlib import Path
+
+import optuna
+from optuna.distributions import IntDistribution
+
+from tuner.bench.records import Cell
+from tuner.search.bounds import resolve_space
+from tuner.search.model import load_model_info
+from tuner.search.space_file import load_space
+from tuner.study.record import TrialRecord
+from tuner.trial.kv_share import KvEdge, calibrate, kv_param, runnable
+from tuner.trial.memory_estimate import Estimate, estimate, knobs_from_params
+from tuner.trial.prescreen import estimate_attr
+
+ROOT = Path(__file__).resolve().parents[2]
+GIB = 2 ** 30
+CAP = 24 * GIB
+CELLS = (Cell(4, 4096, 256, 8), Cell(16, 256, 256, 32))
+MODEL = load_model_info(ROOT / "models" / "llama-3.1-8b")
+
+
+def _space():
+    return resolve_space(load_space(ROOT / "search_spaces" / "infinilm.yaml"), MODEL, CAP, CELLS)
+
+
+def _trial(est: Estimate, outcome: str, idle: int | None = None, ran: bool = True):
+    attrs = {"memory_estimate": estimate_attr(est, False), "outcome": outcome,
+             "cells": [{"cell": "c"}] if ran else []}
+    if idle is not None:
+        attrs["idle_bytes"] = idle
+    return TrialRecord.of(optuna.trial.create_trial(
+        params={"x": 1}, distributions={"x": IntDistribution(0, 2)}, values=[0.0],
+        user_attrs=attrs))
+
+
+def _est(pool_gib: float, forward_gib: float = 1.0, cell: str = "c") -> Estimate:
+    return Estimate(15 * GIB, int(pool_gib * GIB), 2 * GIB, int(forward_gib * GIB), cell)
+
+
+def test_forward_scale_is_bisected_between_oom_and_healthy_runs():
+    assert calibrate([], CAP).k("c") == 1.0
+    oom = _trial(_est(6.0, 1.0), "oom")            # proves k > (24 - 15 - 6 - 2) / 1 = 1
+    cal = calibrate([oom, _trial(_est(4.0, 1.0), "ok")], CAP)   # proves k <= 3
+    assert cal.scale["c"] == (1.0, 3.0)
+    oom2 = _trial(_est(5.0, 1.0), "oom")           # k > 2: with no healthy bound, gallop
+    assert calibrate([oom2], CAP).k("c") == 3.0
+    assert calibrate([oom2, _trial(_est(4.5, 1.0), "ok")], CAP).k("c") == 2.25
+    assert calibrate([oom2], CAP).k("another cell") == 1.0     # per mechanism
+
+
+def test_startup_oom_raises_the_runtime_floor():
+    cal = calibrate([_trial(_est(8.0), "oom", ran=False)], CAP)
+    assert cal.runtime_floor == CAP - 15 * GIB - 8 * GIB and cal.scale == {}
+
+
+def test_edge_is_the_largest_pool_that_fits_and_moves_down_after_an_oom():
+    space = _space()
+    edge = KvEdge(space, MODEL, CAP, CELLS)
+    params = {"block_size": 16, "max_batch_size": 8, "max_num_batched_tokens": 8192}
+    top = edge.edge(params, [])
+    p = kv_param(space)
+    assert p is not None and p.low < top < p.high
+    need = lambda v: estimate(MODEL, knobs_from_params(space, {**params, p.name: v}),
+                              list(CELLS)).need
+    assert need(top) <= CAP < need(top + 1)
+    assert edge.value(params, 1.0, []) == top and edge.value(params, 0.0, []) == p.low
+    knobs = knobs_from_params(space, {**params, p.name: top})
+    at_top = estimate(MODEL, knobs, list(CELLS))
+    history = [_trial(at_top, "oom")]
+    assert edge.edge(params, history) < top
+    assert math.isclose(edge.share_of(params, edge.value(params, 0.5, []), []), 0.5, abs_tol=1e-3)
+
+
+def test_runnable_lowers_only_a_pool_that_does_not_fit():
+    space = _space()
+    default = {**space.default_params(), "kv_cache_tokens": 131072}
+    fitted = runnable(space, MODEL, CAP, CELLS, default)
+    assert fitted["kv_cache_tokens"] < 131072
+    knobs = knobs_from_params(space, fitted)
+    assert estimate(MODEL, knobs, list(CELLS), runtime=4 * GIB).need <= CAP
+    small = {**default, "kv_cache_tokens": 8192}
+    assert runnable(space, MODEL, CAP, CELLS, small) == small
+
+
+def test_pipeline_samples_the_share_and_trial_0_is_a_default_that_runs(tmp_path):
+    import argparse
+
+    from tuner.commands.tune_options import warm_start
+    from tuner.search.objectives import parse_objectives
+    from tuner.search.workload import Workload
+    from tuner.study.objective import TrialObjective
+    from tuner.trial.context import TrialContext
+    from tuner.trial.inprocess import InProcessRunner
+    from tuner.trial.pipeline import AdaptivePipeline
+
+    cap = 24564 * 2 ** 20                          # the simulated RTX 4090
+    space = resolve_space(load_space(ROOT / "search_spaces" / "infinilm.yaml"), MODEL, cap, CELLS)
+    workload = Workload("t", 0, None, CELLS, ("max output_throughput",), {})
+    ctx = TrialContext(space=space, workload=workload, model_dir=str(ROOT / "models" / "llama-3.1-8b"),
+                       simulate="rtx4090")
+    objectives = parse_objectives(["max output_throughput"])
+    pipe = AdaptivePipeline(ctx, objectives, MODEL, cap, runner=InProcessRunner("rtx4090"),
+                            screen_cells=0, kv_share=True)
+    optuna.logging.set_verbosity(optuna.logging.ERROR)
+    study = optuna.create_study(direction="maximize", sampler=optuna.samplers.RandomSampler(seed=0))
+    args = argparse.Namespace(no_defaults=False, seed_config=None, warm_start_from=None,
+                              sampler="auto")
+    assert warm_start(study, space, args, "", tmp_path, pipe) == 1
+    study.optimize(TrialObjective(ctx, objectives, tmp_path, 3, pipeline=pipe), n_trials=3)
+    first = study.trials[0]
+    assert first.user_attrs["is_default"] and first.user_attrs["outcome"] == "ok"
+    assert first.params["kv_cache_tokens"] < space.param("kv_cache_tokens").default
+    p = space.param("kv_cache_tokens")
+    for t in study.trials:
+        assert "kv_share" in t.params and p.low <= t.params["kv_cache_tokens"] <= p.high
+        assert t.distributions["kv_cache_tokens"].single()
+
+
+def test_screening_only_when_it_saves_at_least_half_the_matrix():
+    from tuner.search.objectives import parse_objectives
+    from tuner.search.workload import Workload
+    from tuner.trial.context import TrialContext
+    from tuner.trial.pipeline import AdaptivePipeline
+
+    ctx = TrialContext(space=_space(), workload=Workload("t", 0, None, CELLS, (), {}),
+                       model_dir="m", simulate="rtx4090")
+    pipe = AdaptivePipeline(ctx, parse_objectives(["max output_throughput"]), MODEL, CAP,
+                            screen_cells=3)
+    assert pipe._screener([], 5, {}) is None          # 3 of 5 cells: saves too little
+    assert pipe._screener([], 6, {}) is not None

@@ -1,0 +1,183 @@
+"""KV capacity sampled as a share of the memory headroom, with the edge found by bisection.
+
+Why: the best configs of a KV-bound workload sit in a narrow band just under the memory limit,
+and where that limit lies depends on every other knob (a larger prefill budget or batch leaves
+less room for the pool).  A sampler that draws the pool as an absolute size spends most of its
+trials far from the band, or beyond it.  So the sampler draws `kv_share` in [0, 1] instead, and
+the pool is rendered as that share of the way from the knob's lower bound to the *edge*: the
+largest pool whose memory need, as the study currently understands it, fits the card.  The KV
+knob itself is then suggested as a single value, so every record, export and report still sees
+blocks or tokens.
+
+The edge moves as the study learns (the seed's structured walk, 96 -> 80 -> 64 blocks, done by
+the sampler's own proposals):
+
+* runtime overhead: `tuner.prescreen.calibrated_runtime` (measured idle memory), raised to what
+  a start-up OOM proves (weights + pool + runtime > card);
+* forward scale, per mechanism (the cell whose forward is largest, as the pre-screen groups
+  them): the estimate's transient bytes are multiplied by `k`.  An OOM at a config whose static
+  need is S and forward F proves k > (card - S) / F; a healthy run proves k <= (card - S) / F.
+  The edge uses the midpoint of that interval (a bisection of the model error), or twice the
+  lower bound while no healthy run bounds it from above.  With no OOM seen, k = 1.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import optuna
+
+from tuner.bench.records import Cell
+from tuner.search.model import ModelInfo
+from tuner.search.space import Param, SearchSpace
+from tuner.study.record import KV_SHARE, TrialRecord, kv_value
+from tuner.trial.memory_estimate import (RUNTIME_HIGH_BYTES, estimate,
+                                         knobs_from_params, runtime_prior)
+from tuner.trial.prescreen import HEALTHY, calibrated_runtime
+
+KV_ROLES = ("kv_tokens", "kv_blocks")
+MIN_STEP = 0.05             # smallest correction of the forward scale worth a trial
+
+
+def kv_param(space: SearchSpace) -> Param | None:
+    """The space's auto-bounded KV knob, the one the share replaces; None without one."""
+    return next((p for p in space.parameters if p.role in KV_ROLES and p.high_auto), None)
+
+
+def _stored(t: TrialRecord) -> Mapping[str, Any] | None:
+    """The memory estimate of a trial that ran on the server itself."""
+    return t.memory if isinstance(t.memory, Mapping) and not t.unmeasured else None
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """What the study's outcomes say about the estimate's error (see module doc)."""
+
+    runtime_floor: int                  # a start-up OOM proves runtime above this
+    scale: dict[str, tuple[float, float]]  # peak cell -> (k proven above, k proven at most)
+
+    def k(self, cell: str) -> float:
+        """The forward scale the edge assumes for this mechanism (see module doc)."""
+        lo, hi = self.scale.get(cell, (0.0, math.inf))
+        if lo <= 0.0:
+            return min(1.0, hi)
+        if hi == math.inf:  # galloping: double the under-estimate proven so far
+            return lo + max(lo - 1.0, MIN_STEP)
+        return (lo + hi) / 2 if hi > lo else lo + MIN_STEP
+
+
+def calibrate(trials: Sequence[TrialRecord], capacity: int) -> Calibration:
+    """Bounds on runtime and forward scale from the OOMs and healthy runs seen so far."""
+    floor = 0
+    scale: dict[str, tuple[float, float]] = {}
+    runtimes = {g: calibrated_runtime(trials, g) for g in (False, True)}
+    for t in trials:
+        attr = _stored(t)
+        outcome = t.outcome
+        if attr is None or outcome not in (*HEALTHY, "oom"):
+            continue
+        if outcome == "oom" and not t.cells:   # died before any cell: the runtime was low
+            floor = max(floor, capacity - attr["weights"] - attr["pool"])
+            continue
+        runtime = runtimes[bool(attr["cuda_graph"])]
+        if attr["forward"] <= 0:
+            continue
+        bound = (capacity - attr["weights"] - attr["pool"] - runtime) / attr["forward"]
+        lo, hi = scale.get(attr["peak_cell"], (0.0, float("inf")))
+        scale[attr["peak_cell"]] = (max(lo, bound), hi) if outcome == "oom" else (lo, min(hi, bound))
+    return Calibration(floor, scale)
+
+
+@dataclass(frozen=True)
+class KvEdge:
+    """Renders a share of the headroom as a KV knob value for one study's model and card."""
+
+    space: SearchSpace
+    model: ModelInfo
+    capacity: int
+    cells: tuple[Cell, ...]
+
+    @property
+    def param(self) -> Param:
+        p = kv_param(self.space)
+        assert p is not None, "KvEdge needs a space with an auto-bounded KV knob"
+        return p
+
+    def _grid(self) -> tuple[int, int, int]:
+        p = self.param
+        return int(p.low), int(p.high), int(p.step or 1)
+
+    def need(self, params: dict[str, Any], value: int, cal: Calibration, runtime: int) -> float:
+        """The config's need with the calibrated runtime and forward scale."""
+        knobs = knobs_from_params(self.space, {**params, self.param.name: value})
+        est = estimate(self.model, knobs, list(self.cells),
+                       runtime=max(runtime, cal.runtime_floor + 1))
+        return est.static + est.runtime + cal.k(est.peak_cell) * est.forward
+
+    def edge(self, params: dict[str, Any], trials: Sequence[TrialRecord]) -> int:
+        """The largest KV value (on the knob's step) whose calibrated need fits the card."""
+        low, high, step = self._grid()
+        cal = calibrate(trials, self.capacity)
+        graph = knobs_from_params(self.space, params).cuda_graph
+        runtime = calibrated_runtime(trials, graph)
+        fits = lambda n: self.need(params, low + n * step, cal, runtime) <= self.capacity
+        return low + (_largest(fits, (high - low) // step) if fits(0) else 0) * step
+
+    def value(self, params: dict[str, Any], share: float, trials: Sequence[TrialRecord]) -> int:
+        """The KV knob's value at `share` of the way from its lower bound to the edge."""
+        low, _, step = self._grid()
+        edge = self.edge(params, trials)
+        return low + int(round(share * (edge - low) / step)) * step
+
+    def share_of(self, params: dict[str, Any], value: int,
+                 trials: Sequence[TrialRecord]) -> float:
+        """The share that renders to `value` (clipped to [0, 1]): for enqueued configs."""
+        low = self._grid()[0]
+        edge = self.edge(params, trials)
+        return 1.0 if edge <= low else min(1.0, max(0.0, (value - low) / (edge - low)))
+
+    def suggest(self, trial: optuna.Trial, params: dict[str, Any],
+                trials: Sequence[TrialRecord]) -> dict[str, Any]:
+        """Suggest the share, then the KV knob as the single value it renders to."""
+        share = trial.suggest_float(KV_SHARE, 0.0, 1.0)
+        fixed = kv_value(trial)
+        value = int(fixed) if fixed is not None else self.value(params, share, trials)
+        params[self.param.name] = trial.suggest_int(self.param.name, value, value)
+        return params
+
+
+def runnable(space: SearchSpace, model: ModelInfo, capacity: int, cells: Sequence[Cell],
+             params: dict[str, Any]) -> dict[str, Any]:
+    """`params` with the KV knob lowered until the config fits with the high-end runtime
+    allowance: trial 0 must run, or the study starts with nothing to calibrate on.  Unchanged
+    without a KV knob value (the server sizes its own pool) or when it already fits."""
+    p = next((q for q in space.parameters if q.role in KV_ROLES), None)
+    if p is None or params.get(p.name) is None:
+        return params
+
+    def fits(value: int) -> bool:
+        knobs = knobs_from_params(space, {**params, p.name: value})
+        runtime = RUNTIME_HIGH_BYTES + runtime_prior(knobs.cuda_graph) - runtime_prior(False)
+        return estimate(model, knobs, list(cells), runtime=runtime).need <= capacity
+
+    low, step = int(p.low), int(p.step or 1)
+    value = int(params[p.name])
+    if fits(value):
+        return params
+    if not fits(low):  # the pool is not what overflows: the smallest one is the nearest
+        return {**params, p.name: low}
+    n = _largest(lambda i: fits(low + i * step), (value - low) // step)
+    return {**params, p.name: low + n * step}
+
+
+def _largest(fits: Callable[[int], bool], top: int) -> int:
+    """The largest n in [0, top] with fits(n), by bisection; fits(0) must hold (need grows with
+    the pool, so fits is monotone)."""
+    lo, hi = 0, top
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        lo, hi = (mid, hi) if fits(mid) else (lo, mid - 1)
+    return lo
