@@ -31,6 +31,7 @@ def create_or_load(name: str, storage: optuna.storages.BaseStorage, ctx: TrialCo
         raise UsageError(f"study '{name}' exists with objectives {list(stored.objectives)}; "
                          "use the same objectives or another --study name")
     if stored.fingerprint is None:
+        study.set_metric_names([metric_name(o) for o in objectives])
         space = ctx.space
         write_study_info(study, StudyInfo(
             space=space.name, space_file=str(space.path), workload=ctx.workload.name,
@@ -40,3 +41,10 @@ def create_or_load(name: str, storage: optuna.storages.BaseStorage, ctx: TrialCo
             env_params={p.name: p.env for p in space.parameters if p.env},
             launch_command=list(space.server.command), fingerprint=fp))
     return study
+
+
+def metric_name(o: Objective) -> str:
+    """The name optuna-dashboard shows for an objective: the metric and its unit."""
+    unit = ("ms" if o.metric.endswith("_ms") else "req/s" if o.metric.startswith("request")
+            else "tok/s" if "throughput" in o.metric else "")
+    return f"{o.metric} ({unit})" if unit else o.metric

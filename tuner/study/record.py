@@ -30,6 +30,7 @@ _BOUNDS = "bounds"
 _FINGERPRINT = "space_fingerprint"
 _GRID_SEED = "grid_seed"
 _KV_VALUE = "kv_value"                  # enqueued with a KV share: the KV knob's value to run
+_CONSTRAINT_LIST = "constraints"    # the list `constraints_func` writes; optuna-dashboard reads it
 
 
 class Stage(str, Enum):
@@ -77,7 +78,7 @@ class TrialRecord:
         return cls(
             number=t.number, state=t.state,
             values=tuple(t.values) if t.values is not None else None,
-            constraints=dict(t.constraints), params=dict(t.params),
+            constraints=named_constraints(t), params=dict(t.params),
             outcome=str(a.get("outcome", default)), reason=str(a.get("reason", "")),
             stage=Stage(a.get("stage", Stage.FULL.value)), metrics=a.get("metrics") or {},
             screen_metrics=a.get("screen_metrics"), cells=a.get("cells") or [],
@@ -115,6 +116,22 @@ class TrialRecord:
         trials do not use up `--trials`."""
         return self.state == TrialState.COMPLETE and (
             self.outcome == "skipped" or not self.original)
+
+
+def named_constraints(t: FrozenTrial) -> dict[str, float]:
+    """The named constraints only: Optuna also lists the `constraints` list under "0", "1"...,
+    which here repeats the named ones in order."""
+    return {k: v for k, v in t.constraints.items() if not k.isdigit()}
+
+
+def write_constraints(trial: optuna.Trial, constraints: Mapping[str, float]) -> None:
+    """Store feasibility twice: Optuna 5's named constraints (samplers, `FrozenTrial.constraints`)
+    and the positional list `constraints_func` writes, which optuna-dashboard 0.21 alone reads
+    (its serializer takes `system_attrs["constraints"]`).  Same values, same order."""
+    for name, value in constraints.items():
+        trial.set_constraint(name, float(value))
+    trial.storage.set_trial_system_attr(trial._trial_id, _CONSTRAINT_LIST,
+                                        [float(v) for v in constraints.values()])
 
 
 def _int(attrs: Mapping[str, Any], key: str) -> int | None:
@@ -222,8 +239,7 @@ def copy_result(trial: optuna.Trial, done: FrozenTrial) -> None:
 
     The copy never inherits `is_default`: only the enqueued default is the default.
     """
-    for name, value in done.constraints.items():
-        trial.set_constraint(name, value)
+    write_constraints(trial, named_constraints(done))
     skip = (_WORKER, "config_key", "trial_dir", "wall_s", "is_default")
     write_trial(trial, {k: v for k, v in done.user_attrs.items() if k not in skip})
     trial.set_user_attr(_CACHED_FROM, done.number)
