@@ -21,7 +21,7 @@ from tuner.commands.pick_args import add_pick_args, pick_trial
 from tuner.errors import UsageError
 from tuner.server.gpu import read_gpu
 from tuner.search.model import load_model_info
-from tuner.paths import shipped
+from tuner.paths import shipped, space_file
 from tuner.output.select import study_objectives
 from tuner.search.space_file import load_space
 from tuner.trial.context import TrialContext
@@ -56,7 +56,7 @@ def run(args: argparse.Namespace) -> int:
     study = studyref.load(ref)
     base_trial = pick_trial(study, args).trial
     base = dict(base_trial.params)
-    space = load_space(shipped(args.space))
+    space = load_space(space_file(args.space))
     workload = load_workload(shipped(args.workload))
     model = load_model_info(args.model)
     gpu = read_gpu(0) if not args.simulate else None

@@ -29,7 +29,7 @@ from tuner.output import envfile, export
 from tuner.output.knob_check import describe, knob_report
 from tuner.output.report import store_in_dashboard, write_report
 from tuner.output.select import choose
-from tuner.paths import shipped
+from tuner.paths import shipped, space_file
 from tuner.search.bounds import resolve_space, resolved_bounds
 from tuner.search.model import ModelInfo, load_model_info
 from tuner.search.objectives import DEFAULT_OBJECTIVES, Objective, check_metric, parse_objectives
@@ -57,7 +57,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("tune", help="run or resume a tuning study",
                        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", required=True, help="model dir with config.json (weights not needed with --simulate)")
-    p.add_argument("--space", default="search_spaces/infinilm.yaml", help="search-space YAML (default: %(default)s)")
+    p.add_argument("--space", default="search_spaces/infinilm.yaml",
+                   help="search-space YAML, or a shipped space's name from `tuner targets` "
+                        "(default: %(default)s)")
     p.add_argument("--workload", default="studies/quick.yaml", help="workload YAML (default: %(default)s)")
     p.add_argument("--simulate", metavar="GPU", help="run the built-in simulated server with this GPU profile, e.g. rtx4090")
     p.add_argument("--time-scale", type=float, default=DEFAULT_TIME_SCALE,
@@ -121,7 +123,7 @@ def _setup(args: argparse.Namespace, stack: contextlib.ExitStack) -> _Setup:
         raise UsageError("--time-scale must be positive")
     preflight.check_model(args.model, simulate=args.simulate is not None)
     check_adaptive_args(args)
-    space = load_space(shipped(args.space))
+    space = load_space(space_file(args.space))
     workload = load_workload(shipped(args.workload))
     model = load_model_info(args.model)
     objectives = parse_objectives(args.objective or workload.objectives or list(DEFAULT_OBJECTIVES))
