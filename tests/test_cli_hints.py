@@ -74,3 +74,25 @@ def test_shipped_space_names_and_gpu_names_in_capitals_are_accepted():
     from tuner.paths import space_file
     assert space_file("vllm") == REPO_ROOT / "search_spaces" / "vllm.yaml"
     assert get_profile("RTX4090") is get_profile("rtx4090")
+
+
+def test_reruns_say_what_they_do_and_a_changed_setup_is_refused_or_warned(tmp_path, capsys):
+    studies = tmp_path / "studies"
+    base = ["tune", "--model", MODEL, "--simulate", "rtx4090", "--time-scale", "50",
+            "--trials", "2", "--study", "s", "--studies-dir", str(studies), "--no-export"]
+    assert main([*base, "--sampler", "random", "--seed", "1"]) == 0
+    capsys.readouterr()
+    assert main([*base, "--sampler", "random", "--seed", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "2 measured trials already, nothing to run" in out
+    assert "use --trials 7 to measure 5 more" in out
+    assert main([*base, "--sampler", "tpe"]) == 0
+    err = capsys.readouterr().err
+    assert "warning: study 's' was made with RandomSampler; continuing it with TPESampler" in err
+    other = tmp_path / "w.yaml"
+    other.write_text((REPO_ROOT / "studies" / "quick.yaml").read_text().replace(
+        "name: quick", "name: other", 1))
+    before = (studies / "s" / "study.db").read_bytes()
+    rc, err_lines = _run(tmp_path, capsys, *base, "--workload", str(other))
+    assert rc == 2 and len(err_lines) == 1 and "exists with workload 'quick'" in err_lines[0]
+    assert (studies / "s" / "study.db").read_bytes() == before

@@ -200,13 +200,21 @@ def _run(args: argparse.Namespace, stack: contextlib.ExitStack) -> int:
         print(f"study {name}: {queued} warm-start config(s) queued first")
     target = _grid_target(study, setup.ctx.space, args) if args.sampler == "grid" else args.trials
     done = finished(study)
-    print(f"study {name}: {done} measured trials, measuring up to {max(0, target - done)} more "
-          f"({url})")
+    print(_plan(name, done, target, url))
     _optimize(study, setup, pipeline, args, studies_dir / name / "trials", target)
     _summary(study)
     if not args.no_export:
         _export(study, studies_dir / name)
     return 0
+
+
+def _plan(name: str, done: int, target: int, url: str) -> str:
+    """What this run will do; --trials is the total the study should hold, which a rerun of the
+    same command would otherwise silently satisfy with nothing to run."""
+    if done >= target:
+        return (f"study {name}: {done} measured trials already, nothing to run (--trials is the "
+                f"total; use --trials {done + 5} to measure 5 more) ({url})")
+    return f"study {name}: {done} measured trials, measuring up to {target - done} more ({url})"
 
 
 def _grid_target(study: optuna.Study, space: SearchSpace, args: argparse.Namespace) -> int:

@@ -6,6 +6,8 @@ study make its Pareto set meaningless, and the sampler would learn from both.
 
 from __future__ import annotations
 
+import sys
+
 import optuna
 
 from tuner import __version__
@@ -30,17 +32,33 @@ def create_or_load(name: str, storage: optuna.storages.BaseStorage, ctx: TrialCo
     if stored.objectives and list(stored.objectives) != labels:
         raise UsageError(f"study '{name}' exists with objectives {list(stored.objectives)}; "
                          "use the same objectives or another --study name")
+    _check_workload_and_sampler(name, stored, ctx.workload.name, type(sampler).__name__)
     if stored.fingerprint is None:
         study.set_metric_names([metric_name(o) for o in objectives])
         space = ctx.space
         write_study_info(study, StudyInfo(
             space=space.name, space_file=str(space.path), workload=ctx.workload.name,
+            sampler=type(sampler).__name__,
             model=ctx.model_dir, gpu=gpu_desc, simulated=ctx.simulate is not None,
             objectives=labels, slo=dict(ctx.workload.slo or {}), tuner_version=__version__,
             flag_params={p.name: p.flag for p in space.parameters if p.flag},
             env_params={p.name: p.env for p in space.parameters if p.env},
             launch_command=list(space.server.command), fingerprint=fp))
     return study
+
+
+def _check_workload_and_sampler(name: str, stored: StudyInfo, workload: str, sampler: str) -> None:
+    """Another workload measures other numbers: refused, as a different space is.  Another
+    sampler only proposes differently, so it is allowed, but said: the user may have meant a new
+    study (`--study` left out reuses the default name)."""
+    if stored.fingerprint is None:
+        return
+    if stored.workload not in (None, workload):
+        raise UsageError(f"study '{name}' exists with workload '{stored.workload}', not "
+                         f"'{workload}'; use the same --workload or another --study name")
+    if stored.sampler not in (None, sampler):
+        print(f"warning: study '{name}' was made with {stored.sampler}; continuing it with "
+              f"{sampler} (give another --study name for a separate study)", file=sys.stderr)
 
 
 def metric_name(o: Objective) -> str:

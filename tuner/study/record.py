@@ -260,6 +260,7 @@ class StudyInfo:
     space: str | None = None
     space_file: str | None = None
     workload: str | None = None
+    sampler: str | None = None
     model: str | None = None
     gpu: str | None = None
     simulated: bool = False
@@ -277,7 +278,8 @@ class StudyInfo:
     def of(cls, study: optuna.Study) -> StudyInfo:
         a = study.user_attrs
         return cls(space=a.get("space"), space_file=a.get("space_file"),
-                   workload=a.get("workload"), model=a.get("model"), gpu=a.get("gpu"),
+                   workload=a.get("workload"), sampler=a.get("sampler"),
+                   model=a.get("model"), gpu=a.get("gpu"),
                    simulated=bool(a.get("simulated", False)),
                    objectives=[str(o) for o in a.get("objectives") or []],
                    slo=a.get("slo") or {}, tuner_version=a.get("tuner_version"),
