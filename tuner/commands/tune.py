@@ -29,6 +29,7 @@ from tuner.output import envfile, export
 from tuner.output.knob_check import describe, knob_report
 from tuner.output.report import store_in_dashboard, write_report
 from tuner.output.select import choose
+from tuner.output.result import result_lines
 from tuner.paths import shipped, space_file
 from tuner.search.bounds import resolve_space, resolved_bounds
 from tuner.search.model import ModelInfo, load_model_info
@@ -266,7 +267,9 @@ def _export(study: optuna.Study, folder: Path) -> None:
         choice = None
         print(f"no best.env written: {exc}", file=sys.stderr)
     if choice is not None:
-        envfile.write_atomic(folder / "best.env", export.render(export.build(study, choice), "env"))
+        cfg = export.build(study, choice)
+        envfile.write_atomic(folder / "best.env", export.render(cfg, "env"))
+        print("\n".join(result_lines(study, choice, cfg)))
         print(f"wrote {folder / 'best.env'} (trial {choice.trial.number})")
     figs = write_report(folder / "report.html", study, choice)
     store_in_dashboard(study, figs)

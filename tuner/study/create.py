@@ -14,7 +14,9 @@ from tuner import __version__
 from tuner.errors import UsageError
 from tuner.search.objectives import Objective
 from tuner.study.record import StudyInfo, write_study_info
-from tuner.trial.context import TrialContext
+from tuner.trial.context import HOST, TrialContext
+
+DEPLOY_PORT = 8000
 
 
 def create_or_load(name: str, storage: optuna.storages.BaseStorage, ctx: TrialContext,
@@ -43,7 +45,7 @@ def create_or_load(name: str, storage: optuna.storages.BaseStorage, ctx: TrialCo
             objectives=labels, slo=dict(ctx.workload.slo or {}), tuner_version=__version__,
             flag_params={p.name: p.flag for p in space.parameters if p.flag},
             env_params={p.name: p.env for p in space.parameters if p.env},
-            launch_command=list(space.server.command), fingerprint=fp))
+            launch_command=list(space.server.command), **_deployment(ctx), fingerprint=fp))
     return study
 
 
@@ -59,6 +61,17 @@ def _check_workload_and_sampler(name: str, stored: StudyInfo, workload: str, sam
     if stored.sampler not in (None, sampler):
         print(f"warning: study '{name}' was made with {stored.sampler}; continuing it with "
               f"{sampler} (give another --study name for a separate study)", file=sys.stderr)
+
+
+def _deployment(ctx: TrialContext) -> dict[str, object]:
+    """The real server's command and fixed flags, rendered once for the workload, so that
+    best.env can say how to launch the tuned server even when the study ran on the simulator.
+    Port 8000 stands in for the trials' random ports."""
+    out_len = max(c.output_len for c in ctx.workload.cells)
+    argv, env = ctx.space.render({}, model=ctx.model_dir, host=HOST, port=DEPLOY_PORT,
+                                 max_output_len=out_len)
+    head = len(ctx.space.server.command)
+    return {"server_head": argv[:head], "fixed_flags": argv[head:], "fixed_env": env}
 
 
 def metric_name(o: Objective) -> str:

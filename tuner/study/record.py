@@ -270,6 +270,9 @@ class StudyInfo:
     flag_params: Mapping[str, str] | None = None
     env_params: Mapping[str, str] | None = None
     launch_command: Sequence[str] = ()
+    server_head: Sequence[str] = ()     # the real server's command, rendered for 127.0.0.1:8000
+    fixed_flags: Sequence[str] = ()     # the space's fixed flags, rendered for the workload
+    fixed_env: Mapping[str, str] | None = None
     fingerprint: str | None = None
     bounds: Mapping[str, Sequence[float]] | None = None
     ablation: Mapping[str, Any] | None = None
@@ -285,7 +288,9 @@ class StudyInfo:
                    slo=a.get("slo") or {}, tuner_version=a.get("tuner_version"),
                    flag_params=_mapping(a.get("flag_params")),
                    env_params=_mapping(a.get("env_params")),
-                   launch_command=a.get("launch_command") or [], fingerprint=a.get(_FINGERPRINT),
+                   launch_command=a.get("launch_command") or [],
+                   server_head=a.get("server_head") or [], fixed_flags=a.get("fixed_flags") or [],
+                   fixed_env=_mapping(a.get("fixed_env")), fingerprint=a.get(_FINGERPRINT),
                    bounds=a.get(_BOUNDS), ablation=_mapping(a.get(_ABLATION)))
 
 
