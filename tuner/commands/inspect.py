@@ -94,7 +94,8 @@ def serve(storage: str, host: str, port: int) -> int:
     try:
         from optuna_dashboard import run_server
     except ImportError:
-        raise UsageError("--serve needs optuna-dashboard: pip install 'tuner[dashboard]' "
+        raise UsageError("--serve needs optuna-dashboard: "
+                         "pip install 'llm-server-tuner[dashboard]' "
                          "(or pip install optuna-dashboard)") from None
     print(f"optuna-dashboard on http://{host}:{port}/ for {storage} (Ctrl-C to stop)", file=sys.stderr)
     # A process started from a script's background job inherits SIGINT ignored; Ctrl-C is the
