@@ -38,9 +38,10 @@ def result_lines(study: optuna.Study, choice: Choice, cfg: ExportConfig) -> list
     def values(rec: object) -> dict[str, float]:
         return {o.metric: v for o, v in zip(objectives, getattr(rec, "values", None) or ())}
 
-    why = _WHY.get(choice.rule.split()[0], choice.rule)
-    lines = [f"result: trial {t.number}: {metric_text(values(t))}",
-             f"  why: {why}" + (f" [{choice.rule}]" if choice.rule not in _WHY else "")]
+    base = choice.rule.replace(",", " ").split()[0]
+    extra = choice.rule[len(base):].strip(" ,")
+    why = _WHY.get(base, base) + (f"; {extra}" if extra else "")
+    lines = [f"result: trial {t.number}: {metric_text(values(t))}", f"  why: {why}"]
     others = [p for p in choice.pareto if p.number != t.number]
     if others:
         lines.append(f"  Pareto alternatives ({len(others)}; `tuner export --trial N`):")
