@@ -96,3 +96,24 @@ def test_reruns_say_what_they_do_and_a_changed_setup_is_refused_or_warned(tmp_pa
     rc, err_lines = _run(tmp_path, capsys, *base, "--workload", str(other))
     assert rc == 2 and len(err_lines) == 1 and "exists with workload 'quick'" in err_lines[0]
     assert (studies / "s" / "study.db").read_bytes() == before
+
+
+def test_ablate_takes_model_space_workload_and_simulator_from_the_study(tmp_path, capsys):
+    import argparse
+
+    import optuna
+
+    from tuner.commands.ablate import from_study
+    from tuner.study.record import StudyInfo
+    studies = tmp_path / "studies"
+    assert main(["tune", "--model", MODEL, "--simulate", "RTX4090", "--time-scale", "50",
+                 "--trials", "1", "--study", "a", "--studies-dir", str(studies),
+                 "--space", "infinilm",
+                 "--sampler", "random", "--no-export", "--gpu-memory-cap", "20GiB"]) == 0
+    study = optuna.load_study(study_name="a", storage=f"sqlite:///{studies / 'a' / 'study.db'}")
+    args = argparse.Namespace(model=None, space=None, workload=None, simulate=None,
+                              gpu_memory_cap=None)
+    from_study(args, StudyInfo.of(study))
+    assert args.model == MODEL and args.simulate == "RTX4090" and args.gpu_memory_cap == "20GiB"
+    assert args.space == str(REPO_ROOT / "search_spaces" / "infinilm.yaml")
+    assert args.workload == str(REPO_ROOT / "studies" / "quick.yaml")

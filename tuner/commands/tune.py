@@ -174,7 +174,10 @@ def _open_study(args: argparse.Namespace, setup: _Setup, name: str, url: str) ->
         raise UsageError(f"--resume: no study '{name}' in {url}")
     sampler = make_sampler(args.sampler, run_seed(storage, name, args.seed, args.gpu_index),
                            args.trials)
-    study = create_or_load(name, storage, setup.ctx, setup.objectives, sampler, setup.gpu_desc)
+    inputs = {"workload_file": str(shipped(args.workload).resolve()), "simulate": args.simulate,
+              "gpu_memory_cap": args.gpu_memory_cap}
+    study = create_or_load(name, storage, setup.ctx, setup.objectives, sampler, setup.gpu_desc,
+                           inputs)
     set_bounds(study, resolved_bounds(setup.ctx.space))
     return study
 

@@ -7,6 +7,7 @@ study make its Pareto set meaningless, and the sampler would learn from both.
 from __future__ import annotations
 
 import sys
+from collections.abc import Mapping
 
 import optuna
 
@@ -21,8 +22,9 @@ DEPLOY_PORT = 8000
 
 def create_or_load(name: str, storage: optuna.storages.BaseStorage, ctx: TrialContext,
                    objectives: list[Objective], sampler: optuna.samplers.BaseSampler,
-                   gpu_desc: str) -> optuna.Study:
-    """The study `name`, created with this context's record if it is new."""
+                   gpu_desc: str, inputs: Mapping[str, str | None] | None = None) -> optuna.Study:
+    """The study `name`, created with this context's record if it is new; `inputs` (the
+    workload file, simulator profile, memory cap as given) let `ablate` reuse them."""
     study = optuna.create_study(study_name=name, storage=storage, sampler=sampler,
                                 directions=[o.direction for o in objectives], load_if_exists=True)
     stored = StudyInfo.of(study)
@@ -40,7 +42,7 @@ def create_or_load(name: str, storage: optuna.storages.BaseStorage, ctx: TrialCo
         space = ctx.space
         write_study_info(study, StudyInfo(
             space=space.name, space_file=str(space.path), workload=ctx.workload.name,
-            sampler=type(sampler).__name__,
+            sampler=type(sampler).__name__, **(inputs or {}),
             model=ctx.model_dir, gpu=gpu_desc, simulated=ctx.simulate is not None,
             objectives=labels, slo=dict(ctx.workload.slo or {}), tuner_version=__version__,
             flag_params={p.name: p.flag for p in space.parameters if p.flag},

@@ -261,6 +261,9 @@ class StudyInfo:
     space_file: str | None = None
     workload: str | None = None
     sampler: str | None = None
+    workload_file: str | None = None
+    simulate: str | None = None         # the simulator's GPU profile, None on a real server
+    gpu_memory_cap: str | None = None
     model: str | None = None
     gpu: str | None = None
     simulated: bool = False
@@ -282,6 +285,8 @@ class StudyInfo:
         a = study.user_attrs
         return cls(space=a.get("space"), space_file=a.get("space_file"),
                    workload=a.get("workload"), sampler=a.get("sampler"),
+                   workload_file=a.get("workload_file"), simulate=a.get("simulate"),
+                   gpu_memory_cap=a.get("gpu_memory_cap"),
                    model=a.get("model"), gpu=a.get("gpu"),
                    simulated=bool(a.get("simulated", False)),
                    objectives=[str(o) for o in a.get("objectives") or []],
