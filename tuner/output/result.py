@@ -9,6 +9,7 @@ import optuna
 
 from tuner.output.export import ExportConfig
 from tuner.output.select import Choice, study_objectives
+from tuner.search.objectives import unit
 
 _WHY = {
     "knee": "knee of the feasible Pareto set (the best balance of the objectives; "
@@ -18,12 +19,6 @@ _WHY = {
     "min-tpot": "lowest p99 time per output token among feasible trials",
     "slo": "highest throughput within the SLO",
 }
-
-
-def unit(metric: str) -> str:
-    if metric.endswith("_ms"):
-        return "ms"
-    return "req/s" if metric.startswith("request") else "tok/s" if "throughput" in metric else ""
 
 
 def metric_text(values: Mapping[str, float]) -> str:

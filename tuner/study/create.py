@@ -13,7 +13,7 @@ import optuna
 
 from tuner import __version__
 from tuner.errors import UsageError
-from tuner.search.objectives import Objective
+from tuner.search.objectives import Objective, unit
 from tuner.study.record import StudyInfo, write_study_info
 from tuner.trial.context import HOST, TrialContext
 
@@ -78,6 +78,4 @@ def _deployment(ctx: TrialContext) -> dict[str, object]:
 
 def metric_name(o: Objective) -> str:
     """The name optuna-dashboard shows for an objective: the metric and its unit."""
-    unit = ("ms" if o.metric.endswith("_ms") else "req/s" if o.metric.startswith("request")
-            else "tok/s" if "throughput" in o.metric else "")
-    return f"{o.metric} ({unit})" if unit else o.metric
+    return f"{o.metric} ({unit(o.metric)})" if unit(o.metric) else o.metric

@@ -119,15 +119,13 @@ class TrialRecord:
 
 
 def named_constraints(t: FrozenTrial) -> dict[str, float]:
-    """The named constraints only: Optuna also lists the `constraints` list under "0", "1"...,
-    which here repeats the named ones in order."""
+    """Named constraints only; Optuna also shows the list (same values) as "0", "1"..."""
     return {k: v for k, v in t.constraints.items() if not k.isdigit()}
 
 
 def write_constraints(trial: optuna.Trial, constraints: Mapping[str, float]) -> None:
-    """Store feasibility twice: Optuna 5's named constraints (samplers, `FrozenTrial.constraints`)
-    and the positional list `constraints_func` writes, which optuna-dashboard 0.21 alone reads
-    (its serializer takes `system_attrs["constraints"]`).  Same values, same order."""
+    """Store feasibility twice: Optuna 5's named constraints (samplers) and, same values in
+    order, the list `constraints_func` writes, the only one optuna-dashboard 0.21 reads."""
     for name, value in constraints.items():
         trial.set_constraint(name, float(value))
     trial.storage.set_trial_system_attr(trial._trial_id, _CONSTRAINT_LIST,
@@ -273,8 +271,8 @@ class StudyInfo:
     flag_params: Mapping[str, str] | None = None
     env_params: Mapping[str, str] | None = None
     launch_command: Sequence[str] = ()
-    server_head: Sequence[str] = ()     # the real server's command, rendered for 127.0.0.1:8000
-    fixed_flags: Sequence[str] = ()     # the space's fixed flags, rendered for the workload
+    server_head: Sequence[str] = ()     # the real server's command and fixed flags and env,
+    fixed_flags: Sequence[str] = ()     # rendered for 127.0.0.1:8000 and the workload
     fixed_env: Mapping[str, str] | None = None
     fingerprint: str | None = None
     bounds: Mapping[str, Sequence[float]] | None = None
