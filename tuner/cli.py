@@ -13,6 +13,7 @@ import importlib
 import signal
 import sys
 from collections.abc import Sequence
+from typing import NoReturn
 
 from tuner import __version__
 from tuner.errors import FaultError, UsageError
@@ -38,8 +39,23 @@ def fault_message(exc: BaseException) -> str | None:
     return None
 
 
+class OneLineParser(argparse.ArgumentParser):
+    """argparse with the CLI's error contract: one line, exit 2, no usage dump; and no prefix
+    matching, so a mistyped `--gpu-memory` is refused instead of read as `--gpu-memory-cap`.
+
+    Subcommand parsers are made by `add_subparsers`, which uses the parent's class.
+    """
+
+    def __init__(self, *args: object, **kwargs: object) -> None:
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)  # type: ignore[arg-type]
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (see '{self.prog} --help')\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = OneLineParser(
         prog="tuner", description="Adaptive auto-tuner for LLM inference server knobs.")
     parser.add_argument("--version", action="version", version=f"tuner {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)

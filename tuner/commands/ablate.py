@@ -13,7 +13,7 @@ from pathlib import Path
 
 from tuner.study import storage as studyref
 from tuner.output.ablation import ablate
-from tuner.study.record import set_ablation
+from tuner.study.record import StudyInfo, set_ablation
 from tuner.commands.tune_options import capacity_bytes
 from tuner.server.memcap import memory_cap
 from tuner.search.bounds import resolve_space
@@ -21,7 +21,7 @@ from tuner.commands.pick_args import add_pick_args, pick_trial
 from tuner.errors import UsageError
 from tuner.server.gpu import read_gpu
 from tuner.search.model import load_model_info
-from tuner.paths import shipped
+from tuner.paths import shipped, space_file
 from tuner.output.select import study_objectives
 from tuner.search.space_file import load_space
 from tuner.trial.context import TrialContext
@@ -33,12 +33,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     studyref.add_study_args(p)
     add_pick_args(p)
-    p.add_argument("--model", required=True, help="model dir, as given to tune")
-    p.add_argument("--space", default="search_spaces/infinilm.yaml", help="(default: %(default)s)")
-    p.add_argument("--workload", default="studies/quick.yaml", help="(default: %(default)s)")
-    p.add_argument("--simulate", metavar="GPU", help="run on the built-in simulator, as tune did")
+    p.add_argument("--model", help="model dir (default: the study's)")
+    p.add_argument("--space", help="search space (default: the study's)")
+    p.add_argument("--workload", help="workload YAML (default: the study's)")
+    p.add_argument("--simulate", metavar="GPU", help="simulator profile (default: the study's)")
     p.add_argument("--time-scale", type=float, default=25.0, help="with --simulate (default: %(default)s)")
-    p.add_argument("--gpu-memory-cap", metavar="SIZE", help="as given to tune")
+    p.add_argument("--gpu-memory-cap", metavar="SIZE", help="(default: the study's)")
     p.add_argument("--knobs", help="comma-separated knob names (default: every knob)")
     p.add_argument("--repeats", type=int, default=2, help="runs of the base config for the noise (default: %(default)s)")
     p.add_argument("--per-knob", type=int, default=2, choices=(1, 2),
@@ -49,14 +49,28 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("-o", "--output", help="write the report as JSON here")
 
 
+def from_study(args: argparse.Namespace, info: StudyInfo) -> None:
+    """Fill what was not given from what `tune` stored, so the user repeats nothing."""
+    stored = {"model": info.model, "space": info.space_file, "workload": info.workload_file,
+              "simulate": info.simulate, "gpu_memory_cap": info.gpu_memory_cap}
+    for key, value in stored.items():
+        if getattr(args, key) is None:
+            setattr(args, key, value)
+    for key in ("model", "space", "workload"):
+        if getattr(args, key) is None:
+            raise UsageError(f"the study does not record --{key} (made by an older tuner); "
+                             f"give --{key}")
+
+
 def run(args: argparse.Namespace) -> int:
     if args.repeats < 2:
         raise UsageError("--repeats must be at least 2 (the noise needs two runs)")
     ref = studyref.resolve(args)
     study = studyref.load(ref)
+    from_study(args, StudyInfo.of(study))
     base_trial = pick_trial(study, args).trial
     base = dict(base_trial.params)
-    space = load_space(shipped(args.space))
+    space = load_space(space_file(args.space))
     workload = load_workload(shipped(args.workload))
     model = load_model_info(args.model)
     gpu = read_gpu(0) if not args.simulate else None

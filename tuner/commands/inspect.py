@@ -15,7 +15,8 @@ import optuna
 
 from tuner.commands.pick_args import SLO_HELP, add_pick_args, pick_trial
 from tuner.errors import UsageError
-from tuner.output import report
+from tuner.output import export, report
+from tuner.output.result import result_lines
 from tuner.output.knob_check import describe, knob_report
 from tuner.output.select import Choice, feasible_front, study_objectives
 from tuner.output.tables import trials_frame
@@ -94,7 +95,8 @@ def serve(storage: str, host: str, port: int) -> int:
     try:
         from optuna_dashboard import run_server
     except ImportError:
-        raise UsageError("--serve needs optuna-dashboard: pip install 'tuner[dashboard]' "
+        raise UsageError("--serve needs optuna-dashboard: "
+                         "pip install 'llm-server-tuner[dashboard]' "
                          "(or pip install optuna-dashboard)") from None
     print(f"optuna-dashboard on http://{host}:{port}/ for {storage} (Ctrl-C to stop)", file=sys.stderr)
     # A process started from a script's background job inherits SIGINT ignored; Ctrl-C is the
@@ -107,6 +109,16 @@ def serve(storage: str, host: str, port: int) -> int:
     except OSError as exc:
         raise UsageError(f"cannot serve on {host}:{port}: {exc}") from None
     return 0
+
+
+def _print_result(study: optuna.Study, choice: Choice | None) -> None:
+    """The block `tune` ends with; a study that cannot be exported (no recorded argv) has none."""
+    if choice is None:
+        return
+    try:
+        print("\n".join(result_lines(study, choice, export.build(study, choice))))
+    except UsageError:
+        pass
 
 
 def run(args: argparse.Namespace) -> int:
@@ -132,6 +144,7 @@ def run(args: argparse.Namespace) -> int:
     else:
         print(as_table(study, pareto, choice))
         print(describe(knob_report(study)))
+        _print_result(study, choice)
         if report_path:
             print(f"report: {report_path}")
     return 0

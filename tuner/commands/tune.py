@@ -29,7 +29,8 @@ from tuner.output import envfile, export
 from tuner.output.knob_check import describe, knob_report
 from tuner.output.report import store_in_dashboard, write_report
 from tuner.output.select import choose
-from tuner.paths import shipped
+from tuner.output.result import result_lines
+from tuner.paths import shipped, space_file
 from tuner.search.bounds import resolve_space, resolved_bounds
 from tuner.search.model import ModelInfo, load_model_info
 from tuner.search.objectives import DEFAULT_OBJECTIVES, Objective, check_metric, parse_objectives
@@ -57,7 +58,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("tune", help="run or resume a tuning study",
                        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", required=True, help="model dir with config.json (weights not needed with --simulate)")
-    p.add_argument("--space", default="search_spaces/infinilm.yaml", help="search-space YAML (default: %(default)s)")
+    p.add_argument("--space", default="search_spaces/infinilm.yaml",
+                   help="search-space YAML, or a shipped space's name from `tuner targets` "
+                        "(default: %(default)s)")
     p.add_argument("--workload", default="studies/quick.yaml", help="workload YAML (default: %(default)s)")
     p.add_argument("--simulate", metavar="GPU", help="run the built-in simulated server with this GPU profile, e.g. rtx4090")
     p.add_argument("--time-scale", type=float, default=DEFAULT_TIME_SCALE,
@@ -121,7 +124,7 @@ def _setup(args: argparse.Namespace, stack: contextlib.ExitStack) -> _Setup:
         raise UsageError("--time-scale must be positive")
     preflight.check_model(args.model, simulate=args.simulate is not None)
     check_adaptive_args(args)
-    space = load_space(shipped(args.space))
+    space = load_space(space_file(args.space))
     workload = load_workload(shipped(args.workload))
     model = load_model_info(args.model)
     objectives = parse_objectives(args.objective or workload.objectives or list(DEFAULT_OBJECTIVES))
@@ -171,7 +174,10 @@ def _open_study(args: argparse.Namespace, setup: _Setup, name: str, url: str) ->
         raise UsageError(f"--resume: no study '{name}' in {url}")
     sampler = make_sampler(args.sampler, run_seed(storage, name, args.seed, args.gpu_index),
                            args.trials)
-    study = create_or_load(name, storage, setup.ctx, setup.objectives, sampler, setup.gpu_desc)
+    inputs = {"workload_file": str(shipped(args.workload).resolve()), "simulate": args.simulate,
+              "gpu_memory_cap": args.gpu_memory_cap}
+    study = create_or_load(name, storage, setup.ctx, setup.objectives, sampler, setup.gpu_desc,
+                           inputs)
     set_bounds(study, resolved_bounds(setup.ctx.space))
     return study
 
@@ -198,13 +204,21 @@ def _run(args: argparse.Namespace, stack: contextlib.ExitStack) -> int:
         print(f"study {name}: {queued} warm-start config(s) queued first")
     target = _grid_target(study, setup.ctx.space, args) if args.sampler == "grid" else args.trials
     done = finished(study)
-    print(f"study {name}: {done} measured trials, measuring up to {max(0, target - done)} more "
-          f"({url})")
+    print(_plan(name, done, target, url))
     _optimize(study, setup, pipeline, args, studies_dir / name / "trials", target)
     _summary(study)
     if not args.no_export:
         _export(study, studies_dir / name)
     return 0
+
+
+def _plan(name: str, done: int, target: int, url: str) -> str:
+    """What this run will do; --trials is the total the study should hold, which a rerun of the
+    same command would otherwise silently satisfy with nothing to run."""
+    if done >= target:
+        return (f"study {name}: {done} measured trials already, nothing to run (--trials is the "
+                f"total; use --trials {done + 5} to measure 5 more) ({url})")
+    return f"study {name}: {done} measured trials, measuring up to {target - done} more ({url})"
 
 
 def _grid_target(study: optuna.Study, space: SearchSpace, args: argparse.Namespace) -> int:
@@ -256,7 +270,9 @@ def _export(study: optuna.Study, folder: Path) -> None:
         choice = None
         print(f"no best.env written: {exc}", file=sys.stderr)
     if choice is not None:
-        envfile.write_atomic(folder / "best.env", export.render(export.build(study, choice), "env"))
+        cfg = export.build(study, choice)
+        envfile.write_atomic(folder / "best.env", export.render(cfg, "env"))
+        print("\n".join(result_lines(study, choice, cfg)))
         print(f"wrote {folder / 'best.env'} (trial {choice.trial.number})")
     figs = write_report(folder / "report.html", study, choice)
     store_in_dashboard(study, figs)

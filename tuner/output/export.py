@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import datetime as _dt
 import json
+import shlex
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -101,12 +102,22 @@ def build(study: optuna.Study, choice: Choice, *, now: _dt.datetime | None = Non
         "objectives": [str(o) for o in objectives],
         "values": {o.metric: v for o, v in zip(objectives, trial.values or ())},
         "metrics": dict(trial.metrics),
-        "launch": envfile.server_args_line(list(trial.argv)),
+        "slo": dict(meta.slo),
         "no_effect": _no_effect(meta),
     }
-    return ExportConfig(env=tuned_env(trial, meta.env_params),
-                        server_args=tuned_args(trial, meta.flag_params),
-                        params=dict(trial.params), provenance=provenance)
+    env = {**(meta.fixed_env or {}), **tuned_env(trial, meta.env_params)}
+    args = [*meta.fixed_flags, *tuned_args(trial, meta.flag_params)]
+    provenance["launch"] = (launch_line(meta.server_head, args, env) if meta.server_head
+                            else envfile.server_args_line(list(trial.argv)))
+    provenance["launch_is_real"] = bool(meta.server_head)
+    return ExportConfig(env=env, server_args=args, params=dict(trial.params),
+                        provenance=provenance)
+
+
+def launch_line(head: Sequence[str], args: Sequence[str], env: Mapping[str, str]) -> str:
+    """The shell line that starts the real server with the picked config: env, command, flags."""
+    return " ".join([*(shlex.quote(f"{k}={v}") for k, v in env.items()),
+                     *(shlex.quote(a) for a in (*head, *args))])
 
 
 def _no_effect(meta: StudyInfo) -> dict[str, Any] | None:
@@ -140,9 +151,13 @@ def env_header(cfg: ExportConfig) -> list[str]:
         lines.append(f"tuner ablate (around trial {p['no_effect']['base_trial']}): no effect on this "
                      f"server, within the noise: {', '.join(p['no_effect']['knobs'])}")
     lines += ["params: " + ", ".join(f"{k}={v}" for k, v in cfg.params.items()),
-              f"launch (as tried): {p['launch']}",
-              f"{envfile.SERVER_ARGS_VAR} holds the tuned server flags comma-separated (no spaces, so",
-              "docker, systemd and bash read it alike); expand with: IFS=, read -ra ARGS <<<\"$"
+              *([f"SLO: {', '.join(f'{k}<={_fmt(v)}' for k, v in p['slo'].items())}"]
+                if p.get("slo") else []),
+              (f"launch: {p['launch']}" if p.get("launch_is_real")
+               else f"launch (as tried): {p['launch']}"),
+              f"{envfile.SERVER_ARGS_VAR} holds every flag after the command (fixed and tuned),",
+              "comma-separated (no spaces, so docker, systemd and bash read it alike);",
+              "expand with: IFS=, read -ra ARGS <<<\"$"
               f"{envfile.SERVER_ARGS_VAR}\""]
     return lines
 

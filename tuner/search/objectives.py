@@ -28,6 +28,13 @@ def known_metrics() -> list[str]:
     return [*_THROUGHPUTS, *lat]
 
 
+def unit(metric: str) -> str:
+    """The unit a metric is reported in, for labels: ms, tok/s or req/s."""
+    if metric.endswith("_ms"):
+        return "ms"
+    return "req/s" if metric.startswith("request") else "tok/s" if "throughput" in metric else ""
+
+
 def check_metric(name: str, where: str) -> str:
     if name not in known_metrics():
         raise UsageError(f"{where}: unknown metric '{name}' (known: output_throughput, "

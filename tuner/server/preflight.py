@@ -21,11 +21,21 @@ from tuner.trial.context import HOST, TrialContext
 def check_model(path: str, simulate: bool) -> None:
     """The model dir and its config.json; the simulator also needs the architecture keys."""
     if not Path(path).is_dir():
-        raise UsageError(f"model dir not found: {path}")
+        hint = ("; --model takes a local folder with config.json, not a Hugging Face id "
+                "(download it first, e.g. `huggingface-cli download ID --local-dir DIR`)"
+                if _looks_like_hub_id(path) else "")
+        raise UsageError(f"model dir not found: {path}{hint}")
     if not (Path(path) / "config.json").is_file():
         raise UsageError(f"model dir has no config.json: {path}")
     if simulate:
         load_model_info(path)
+
+
+def _looks_like_hub_id(path: str) -> bool:
+    """`org/name`: two parts, neither empty nor `.`/`..`, and not an absolute path."""
+    parts = path.split("/")
+    return (len(parts) == 2 and not path.startswith(("/", "~"))
+            and all(p and p not in (".", "..") for p in parts))
 
 
 def check_launch(ctx: TrialContext) -> None:

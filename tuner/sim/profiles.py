@@ -64,14 +64,15 @@ CAP_ENV = "TUNER_GPU_MEMORY_CAP_GIB"   # tuner.ballast.cap_env: the card the tun
 
 
 def get_profile(name: str, env: Mapping[str, str] | None = None) -> GpuProfile:
-    """The profile called `name`; an unknown name is a `UsageError` listing the known ones.
+    """The profile called `name`, in any case (`RTX4090` as printed on the card); an unknown
+    name is a `UsageError` listing the known ones.
 
     With `--gpu-memory-cap` the tuner tells the server the card it tunes for (`CAP_ENV` in `env`);
     a real server under the ballast sees only that much memory, so the simulated card has it
     too (ignoring it, the simulator called InfiniLM's default 512 x 256 pool of an 8B model fine
     under a 24 GiB cap where the real server ran out of memory at start-up)."""
     try:
-        profile = PROFILES[name]
+        profile = PROFILES[name.lower()]
     except KeyError:
         raise UsageError(f"unknown GPU profile '{name}' (known: {', '.join(PROFILES)})") from None
     raw = (env or {}).get(CAP_ENV)

@@ -122,12 +122,10 @@ def record(trial: optuna.Trial, result: TrialResult, objectives: list[Objective]
            slo: Mapping[str, float]) -> tuple[float, ...]:
     """Store what the trial saw and return the values Optuna gets."""
     feasible = result.outcome.feasible
-    trial.set_constraint("feasible", 0.0 if feasible else 1.0)
     violations = slo_violations(result.metrics, slo) if feasible else {m: 1.0 for m in slo}
-    for metric, v in violations.items():
-        trial.set_constraint(f"slo:{metric}", float(v))
-    for name, v in result.constraints.items():
-        trial.set_constraint(name, float(v))
+    rec.write_constraints(trial, {"feasible": 0.0 if feasible else 1.0,
+                                  **{f"slo:{m}": float(v) for m, v in violations.items()},
+                                  **{n: float(v) for n, v in result.constraints.items()}})
     kind = result.outcome.kind
     if feasible and any(v > 0 for v in violations.values()):
         kind = "slo"

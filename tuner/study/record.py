@@ -30,6 +30,7 @@ _BOUNDS = "bounds"
 _FINGERPRINT = "space_fingerprint"
 _GRID_SEED = "grid_seed"
 _KV_VALUE = "kv_value"                  # enqueued with a KV share: the KV knob's value to run
+_CONSTRAINT_LIST = "constraints"    # the list `constraints_func` writes; optuna-dashboard reads it
 
 
 class Stage(str, Enum):
@@ -77,7 +78,7 @@ class TrialRecord:
         return cls(
             number=t.number, state=t.state,
             values=tuple(t.values) if t.values is not None else None,
-            constraints=dict(t.constraints), params=dict(t.params),
+            constraints=named_constraints(t), params=dict(t.params),
             outcome=str(a.get("outcome", default)), reason=str(a.get("reason", "")),
             stage=Stage(a.get("stage", Stage.FULL.value)), metrics=a.get("metrics") or {},
             screen_metrics=a.get("screen_metrics"), cells=a.get("cells") or [],
@@ -115,6 +116,20 @@ class TrialRecord:
         trials do not use up `--trials`."""
         return self.state == TrialState.COMPLETE and (
             self.outcome == "skipped" or not self.original)
+
+
+def named_constraints(t: FrozenTrial) -> dict[str, float]:
+    """Named constraints only; Optuna also shows the list (same values) as "0", "1"..."""
+    return {k: v for k, v in t.constraints.items() if not k.isdigit()}
+
+
+def write_constraints(trial: optuna.Trial, constraints: Mapping[str, float]) -> None:
+    """Store feasibility twice: Optuna 5's named constraints (samplers) and, same values in
+    order, the list `constraints_func` writes, the only one optuna-dashboard 0.21 reads."""
+    for name, value in constraints.items():
+        trial.set_constraint(name, float(value))
+    trial.storage.set_trial_system_attr(trial._trial_id, _CONSTRAINT_LIST,
+                                        [float(v) for v in constraints.values()])
 
 
 def _int(attrs: Mapping[str, Any], key: str) -> int | None:
@@ -222,8 +237,7 @@ def copy_result(trial: optuna.Trial, done: FrozenTrial) -> None:
 
     The copy never inherits `is_default`: only the enqueued default is the default.
     """
-    for name, value in done.constraints.items():
-        trial.set_constraint(name, value)
+    write_constraints(trial, named_constraints(done))
     skip = (_WORKER, "config_key", "trial_dir", "wall_s", "is_default")
     write_trial(trial, {k: v for k, v in done.user_attrs.items() if k not in skip})
     trial.set_user_attr(_CACHED_FROM, done.number)
@@ -244,6 +258,10 @@ class StudyInfo:
     space: str | None = None
     space_file: str | None = None
     workload: str | None = None
+    sampler: str | None = None
+    workload_file: str | None = None
+    simulate: str | None = None         # the simulator's GPU profile, None on a real server
+    gpu_memory_cap: str | None = None
     model: str | None = None
     gpu: str | None = None
     simulated: bool = False
@@ -253,6 +271,9 @@ class StudyInfo:
     flag_params: Mapping[str, str] | None = None
     env_params: Mapping[str, str] | None = None
     launch_command: Sequence[str] = ()
+    server_head: Sequence[str] = ()     # the real server's command and fixed flags and env,
+    fixed_flags: Sequence[str] = ()     # rendered for 127.0.0.1:8000 and the workload
+    fixed_env: Mapping[str, str] | None = None
     fingerprint: str | None = None
     bounds: Mapping[str, Sequence[float]] | None = None
     ablation: Mapping[str, Any] | None = None
@@ -261,13 +282,18 @@ class StudyInfo:
     def of(cls, study: optuna.Study) -> StudyInfo:
         a = study.user_attrs
         return cls(space=a.get("space"), space_file=a.get("space_file"),
-                   workload=a.get("workload"), model=a.get("model"), gpu=a.get("gpu"),
+                   workload=a.get("workload"), sampler=a.get("sampler"),
+                   workload_file=a.get("workload_file"), simulate=a.get("simulate"),
+                   gpu_memory_cap=a.get("gpu_memory_cap"),
+                   model=a.get("model"), gpu=a.get("gpu"),
                    simulated=bool(a.get("simulated", False)),
                    objectives=[str(o) for o in a.get("objectives") or []],
                    slo=a.get("slo") or {}, tuner_version=a.get("tuner_version"),
                    flag_params=_mapping(a.get("flag_params")),
                    env_params=_mapping(a.get("env_params")),
-                   launch_command=a.get("launch_command") or [], fingerprint=a.get(_FINGERPRINT),
+                   launch_command=a.get("launch_command") or [],
+                   server_head=a.get("server_head") or [], fixed_flags=a.get("fixed_flags") or [],
+                   fixed_env=_mapping(a.get("fixed_env")), fingerprint=a.get(_FINGERPRINT),
                    bounds=a.get(_BOUNDS), ablation=_mapping(a.get(_ABLATION)))
 
 

@@ -124,7 +124,9 @@ def resolve(args: argparse.Namespace) -> StudyRef:
         return StudyRef(name, args.storage, folder)
     db = folder / DB_NAME
     if not db.is_file():
-        raise UsageError(f"study {name!r}: {db} not found")
+        found = sorted(p.parent.name for p in studies_dir.glob(f"*/{DB_NAME}"))
+        raise UsageError(f"no study {name!r} in {studies_dir} "
+                         f"(found: {', '.join(found) or 'none'}; see `tuner inspect --study NAME`)")
     return StudyRef(name, sqlite_url(db), folder)
 
 
