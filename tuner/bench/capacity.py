@@ -54,10 +54,14 @@ def parse_capacity(raw: Any, source: str, n_cells: int) -> CapacitySpec:
         if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
             raise UsageError(f"{source}: capacity.{key}: must be a number >= 0, got {value!r}")
     d = CapacitySpec()
-    spec = CapacitySpec(raw.get("cell", d.cell), float(raw.get("min_rate", d.min_rate)),
-                        float(raw.get("max_rate", d.max_rate)),
-                        float(raw.get("resolution", d.resolution)),
-                        raw.get("step_requests", d.step_requests), float(raw.get("growth", d.growth)))
+    spec = CapacitySpec(
+        raw.get("cell", d.cell),
+        float(raw.get("min_rate", d.min_rate)),
+        float(raw.get("max_rate", d.max_rate)),
+        float(raw.get("resolution", d.resolution)),
+        raw.get("step_requests", d.step_requests),
+        float(raw.get("growth", d.growth)),
+    )
     if not (isinstance(spec.cell, int) and spec.cell < n_cells):
         raise UsageError(f"{source}: capacity.cell: must index one of the {n_cells} cells")
     if not 0 < spec.min_rate < spec.max_rate or spec.resolution <= 0 or spec.growth <= 1 \
@@ -204,7 +208,9 @@ def is_saturated(send_s: list[float], first_token_s: list[float | None]) -> bool
     """Queue and TTFT growing without bound: the last quarter of requests waited more than
     twice as long for their first token as the first quarter, and more than half a second
     longer; a stable server's TTFT does not trend with time."""
-    ttfts = [(f if f is not None else math.inf) - s for s, f in zip(send_s, first_token_s, strict=True)]
+    ttfts = [
+        (f if f is not None else math.inf) - s for s, f in zip(send_s, first_token_s, strict=True)
+    ]
     q = len(ttfts) // 4
     if q < 3:
         return False

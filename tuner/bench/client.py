@@ -23,8 +23,17 @@ from typing import Any
 
 from tuner.bench.http import ConnectionPool
 from tuner.bench.records import RequestRecord
-from tuner.bench.stream import (ABORTED, CONNECTION_ERROR, HTTP_ERROR, PROTOCOL_ERROR,
-                                SIM_ARRIVAL_HEADER, STREAM_ERROR, EventHook, Stream, fail)
+from tuner.bench.stream import (
+    ABORTED,
+    CONNECTION_ERROR,
+    HTTP_ERROR,
+    PROTOCOL_ERROR,
+    SIM_ARRIVAL_HEADER,
+    STREAM_ERROR,
+    EventHook,
+    Stream,
+    fail,
+)
 
 APIS = ("chat", "completions")
 __all__ = ["ABORTED", "APIS", "CONNECTION_ERROR", "HTTP_ERROR", "PROTOCOL_ERROR",
@@ -132,7 +141,7 @@ class StreamClient:
                         raise
                     self.pool.release(conn)
             stream.finish()
-            if stream.failed:
+            if stream.failed and conn is not None:
                 conn.close()
         except asyncio.CancelledError:
             fail(record, ABORTED, "aborted by the runner")

@@ -23,7 +23,8 @@ from urllib.parse import urlsplit
 
 from tuner.bench import stamped
 
-# on_head(status, headers) is called once; on_body(bytes, arrival) per read; both from the read callback
+# on_head(status, headers) is called once; on_body(bytes, arrival) per read; both from the
+# read callback
 HeadCallback = Callable[[int, dict[str, str]], None]
 BodyCallback = Callable[[bytes, float], None]
 
@@ -150,7 +151,9 @@ class _Connection(asyncio.Protocol):
             if not self._in_head and not self._chunked and self._length is None:
                 self._done.set_result(None)  # close-delimited body: the close is its end
             else:
-                self._done.set_exception(ConnectionResetError(str(exc) if exc else "connection closed by server"))
+                self._done.set_exception(
+                    ConnectionResetError(str(exc) if exc else "connection closed by server")
+                )
 
     def data_received(self, data: bytes) -> None:
         """asyncio transports (TLS): the arrival is when the loop hands us the bytes."""

@@ -20,9 +20,10 @@ LATENCY_METRICS = ("ttft", "tpot", "itl", "e2el")
 
 def per_request_ms(rec: RequestRecord) -> dict[str, float]:
     """The per-request quantities an SLO for goodput can name ("ttft", "tpot", "e2el"), in ms."""
-    out = {"ttft": rec.ttft * 1000.0, "e2el": rec.latency * 1000.0}
+    ttft, latency = rec.ttft or 0.0, rec.latency or 0.0  # both set on every ok record
+    out = {"ttft": ttft * 1000.0, "e2el": latency * 1000.0}
     if rec.output_tokens > 1:
-        out["tpot"] = (rec.latency - rec.ttft) * 1000.0 / (rec.output_tokens - 1)
+        out["tpot"] = (latency - ttft) * 1000.0 / (rec.output_tokens - 1)
     return out
 
 
@@ -54,7 +55,10 @@ def cell_metrics(
     recs = list(records)
     ok = [r for r in recs if r.ok]
     duration_s = max(duration_s, 1e-9)
-    ttfts, tpots, itls, e2els = [], [], [], []
+    ttfts: list[float] = []
+    tpots: list[float] = []
+    itls: list[float] = []
+    e2els: list[float] = []
     good = 0
     for r in ok:
         per = per_request_ms(r)
@@ -81,4 +85,8 @@ def cell_metrics(
         out["request_goodput"] = good / duration_s
     for name, vals in (("ttft", ttfts), ("tpot", tpots), ("itl", itls), ("e2el", e2els)):
         out.update(_stats(name, vals))
-    return {k: (float(v) if not isinstance(v, int) else v) for k, v in out.items() if not (isinstance(v, float) and math.isnan(v))}
+    return {
+        k: (float(v) if not isinstance(v, int) else v)
+        for k, v in out.items()
+        if not (isinstance(v, float) and math.isnan(v))
+    }

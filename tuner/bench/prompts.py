@@ -37,7 +37,9 @@ class PromptMaker:
     def __init__(self, tokenizer_dir: str | Path | None = None) -> None:
         self.tokenizer = _load_tokenizer(tokenizer_dir) if tokenizer_dir else None
         if self.tokenizer is not None:
-            special = {tid for tid, tok in self.tokenizer.get_added_tokens_decoder().items() if tok.special}
+            special = {
+                tid for tid, tok in self.tokenizer.get_added_tokens_decoder().items() if tok.special
+            }
             size = self.tokenizer.get_vocab_size(with_added_tokens=False)
             self._ids = [i for i in range(size) if i not in special]
 
@@ -62,6 +64,7 @@ class PromptMaker:
         """Decode random ids, re-encode, then trim or extend: decode/encode is not a bijection,
         so a few rounds are needed to land on the exact count."""
         tok = self.tokenizer
+        assert tok is not None
         ids = rng.choices(self._ids, k=input_len)
         text = tok.decode(ids, skip_special_tokens=True)
         for _ in range(_MAX_FIX_ROUNDS):
@@ -72,6 +75,7 @@ class PromptMaker:
                 ids = ids[:input_len]
             else:
                 ids = ids + rng.choices(self._ids, k=input_len - len(ids))
+            assert tok is not None
             text = tok.decode(ids, skip_special_tokens=True)
         return text  # within a token or two: the server's usage count is what gets reported
 

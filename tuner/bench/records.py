@@ -77,7 +77,9 @@ class RequestRecord:
     @property
     def output_tokens(self) -> int:
         """Tokens generated: the server's own count when it sent one, else the chunks seen."""
-        return self.completion_tokens if self.completion_tokens is not None else len(self.token_times)
+        return (
+            self.completion_tokens if self.completion_tokens is not None else len(self.token_times)
+        )
 
 
 @dataclass

@@ -21,8 +21,16 @@ from typing import Any
 
 from tqdm import tqdm
 
-from tuner.bench.client import (ABORTED, CONNECTION_ERROR, HTTP_ERROR, PROTOCOL_ERROR, STREAM_ERROR,
-                                Activity, EventHook, StreamClient)
+from tuner.bench.client import (
+    ABORTED,
+    CONNECTION_ERROR,
+    HTTP_ERROR,
+    PROTOCOL_ERROR,
+    STREAM_ERROR,
+    Activity,
+    EventHook,
+    StreamClient,
+)
 from tuner.bench.health import HANG, SERVER_DIED, UNHEALTHY, HealthWatch, stall_watch
 from tuner.bench.health import time_scale as sim_time_scale
 from tuner.bench.metrics import cell_metrics
@@ -121,7 +129,9 @@ async def _closed_loop(run: _CellRun, deadline: float | None) -> None:
     async def worker() -> None:
         while not run.stop.is_set():
             i = next(counter)
-            if (limit is not None and i >= limit) or (deadline is not None and time.perf_counter() >= deadline):
+            if (limit is not None and i >= limit) or (
+                deadline is not None and time.perf_counter() >= deadline
+            ):
                 return
             await run.one(i)
 
@@ -147,7 +157,15 @@ def _arrival(run: _CellRun, i: int, rng: random.Random, prev: float) -> float:
     return (i // len(run.arrivals)) * span + run.arrivals[i % len(run.arrivals)]
 
 
-async def _open_loop(run: _CellRun, deadline: float | None, rng: random.Random, time_scale: float) -> None:
+def _done(sem: asyncio.Semaphore, tasks: set[asyncio.Task], task: asyncio.Task) -> None:
+    """A request of an open-loop cell ended: free its slot."""
+    sem.release()
+    tasks.discard(task)
+
+
+async def _open_loop(
+    run: _CellRun, deadline: float | None, rng: random.Random, time_scale: float
+) -> None:
     sem = asyncio.Semaphore(run.cell.concurrency)
     tasks: set[asyncio.Task] = set()
     t0 = time.perf_counter()
@@ -165,7 +183,7 @@ async def _open_loop(run: _CellRun, deadline: float | None, rng: random.Random, 
             await sem.acquire()
             task = asyncio.create_task(run.one(i))
             tasks.add(task)
-            task.add_done_callback(lambda tk: (sem.release(), tasks.discard(tk)))
+            task.add_done_callback(functools.partial(_done, sem, tasks))
             spare = asyncio.create_task(run.client.pool.top_up(SPARE_CONNECTIONS))
             tasks.add(spare)
             spare.add_done_callback(tasks.discard)
@@ -200,7 +218,7 @@ def _duration(records: Sequence[RequestRecord], wall_s: float) -> float:
     return wall_s
 
 
-async def _run_cell(client: StreamClient, cell: Cell, payloads: Payloads, *,
+async def _run_cell(client: StreamClient, cell: Cell, payloads: Payloads, *,  # noqa: PLR0913
                     health: HealthWatch | None, rng: random.Random, time_scale: float,
                     stall_timeout_s: float, slo_ms: Mapping[str, float] | None, progress: bool,
                     label: str | None = None, watch: CellWatch | None = None) -> CellResult:
@@ -270,7 +288,7 @@ def _payloads(client: StreamClient, maker: PromptMaker, cell: Cell, rng: random.
             for _ in range(max(n, 1))], None
 
 
-async def run_cells_async(
+async def run_cells_async(  # noqa: PLR0913
     endpoint: str,
     cells: Sequence[Cell],
     *,

@@ -32,7 +32,9 @@ class StampedProtocol(Protocol):
 
 
 class StampedTransport:
-    def __init__(self, loop: asyncio.AbstractEventLoop, sock: socket.socket, protocol: StampedProtocol) -> None:
+    def __init__(
+        self, loop: asyncio.AbstractEventLoop, sock: socket.socket, protocol: StampedProtocol
+    ) -> None:
         self._loop = loop
         self._sock = sock
         self._fd = sock.fileno()

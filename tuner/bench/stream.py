@@ -19,7 +19,8 @@ streams are broken must never look healthy, let alone fast.  What counts as brok
 failed: error class "stream_error" with its message.  Every event is checked in full: the first
 token chunks with `json.loads`, the later ones that share their template with one regex match
 (tuner.bench.frames: about 1.7 us a chunk against 4.6 us for `json.loads`; the regex that only
-looked for a token, and counted a truncated chunk as one, took 1.3 us).  The arrival time of a token is the network read's
+looked for a token, and counted a truncated chunk as one, took 1.3 us).  The arrival time of a
+token is the network read's
 (see tuner.bench.http), taken before any of this runs.
 """
 

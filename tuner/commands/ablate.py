@@ -11,36 +11,47 @@ import json
 import sys
 from pathlib import Path
 
-from tuner.study import storage as studyref
-from tuner.output.ablation import ablate
-from tuner.study.record import StudyInfo, set_ablation
-from tuner.commands.tune_options import capacity_bytes
-from tuner.server.memcap import memory_cap
-from tuner.search.bounds import resolve_space
 from tuner.commands.pick_args import add_pick_args, pick_trial
+from tuner.commands.tune_options import capacity_bytes
 from tuner.errors import UsageError
-from tuner.server.gpu import read_gpu
-from tuner.search.model import load_model_info
-from tuner.paths import shipped, space_file
+from tuner.output.ablation import ablate
 from tuner.output.select import study_objectives
+from tuner.paths import shipped, space_file
+from tuner.search.bounds import resolve_space
+from tuner.search.model import load_model_info
 from tuner.search.space_file import load_space
-from tuner.trial.context import TrialContext
 from tuner.search.workload import load_workload
+from tuner.server.gpu import read_gpu
+from tuner.server.memcap import memory_cap
+from tuner.study import storage as studyref
+from tuner.study.record import StudyInfo, set_ablation
+from tuner.trial.context import TrialContext
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("ablate", help="vary one knob at a time around the chosen config; find dead knobs",
-                       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = sub.add_parser(
+        "ablate",
+        help="vary one knob at a time around the chosen config; find dead knobs",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     studyref.add_study_args(p)
     add_pick_args(p)
     p.add_argument("--model", help="model dir (default: the study's)")
     p.add_argument("--space", help="search space (default: the study's)")
     p.add_argument("--workload", help="workload YAML (default: the study's)")
     p.add_argument("--simulate", metavar="GPU", help="simulator profile (default: the study's)")
-    p.add_argument("--time-scale", type=float, default=25.0, help="with --simulate (default: %(default)s)")
+    p.add_argument(
+        "--time-scale", type=float, default=25.0, help="with --simulate (default: %(default)s)"
+    )
     p.add_argument("--gpu-memory-cap", metavar="SIZE", help="(default: the study's)")
     p.add_argument("--knobs", help="comma-separated knob names (default: every knob)")
-    p.add_argument("--repeats", type=int, default=2, help="runs of the base config for the noise (default: %(default)s)")
+    p.add_argument(
+        "--repeats",
+        type=int,
+        default=2,
+        help="runs of the base config for the noise (default: %(default)s)",
+    )
     p.add_argument("--per-knob", type=int, default=2, choices=(1, 2),
                    help="values tried per knob: 1 = the low end of its range (or another choice), "
                         "2 = both ends (default: %(default)s)")
@@ -75,7 +86,11 @@ def run(args: argparse.Namespace) -> int:
     model = load_model_info(args.model)
     gpu = read_gpu(0) if not args.simulate else None
     space = resolve_space(space, model, capacity_bytes(args, gpu), workload.cells)
-    names = [k.strip() for k in args.knobs.split(",")] if args.knobs else [p.name for p in space.parameters]
+    names = (
+        [k.strip() for k in args.knobs.split(",")]
+        if args.knobs
+        else [p.name for p in space.parameters]
+    )
     unknown = [n for n in names if n not in {p.name for p in space.parameters}]
     if unknown:
         raise UsageError(f"--knobs: unknown knob(s) {', '.join(unknown)} in {space.path}")
@@ -83,9 +98,17 @@ def run(args: argparse.Namespace) -> int:
     with memory_cap(space, args.gpu_memory_cap, gpu, simulate=args.simulate is not None) as cap:
         ctx = TrialContext(space=space, workload=workload, model_dir=args.model,
                            simulate=args.simulate, time_scale=args.time_scale, **cap.trial_fields())
-        report = ablate(ctx, base, [space.param(n) for n in names], metrics, ref.folder / "ablation",
-                        repeats=args.repeats, floor=args.floor, per_knob=args.per_knob,
-                        log=lambda line: print(line, file=sys.stderr))
+        report = ablate(
+            ctx,
+            base,
+            [space.param(n) for n in names],
+            metrics,
+            ref.folder / "ablation",
+            repeats=args.repeats,
+            floor=args.floor,
+            per_knob=args.per_knob,
+            log=lambda line: print(line, file=sys.stderr),
+        )
     print(f"noise over {args.repeats} base runs: " + ", ".join(
         f"{m} {report.noise[m]:.1%} (band {report.band[m]:.1%})" for m in metrics))
     verdicts = {n: report.verdict(n) for n in names}

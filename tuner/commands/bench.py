@@ -27,15 +27,20 @@ from tuner.search.workload import DEFAULT_WARMUP, Workload, load_workload, parse
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p = subparsers.add_parser(
-        "bench", help="benchmark a running OpenAI-compatible server",
-        description="Stream requests to a running server and report vllm-bench-serve-named metrics.")
+        "bench",
+        help="benchmark a running OpenAI-compatible server",
+        description="Stream requests to a running server and report metrics named as vllm bench "
+                    "serve names them.",
+    )
     p.add_argument("--url", required=True, help="server root, e.g. http://127.0.0.1:8000")
     p.add_argument("--model", required=True, help="model name sent in each request")
     p.add_argument("--workload", help="workload YAML (cells, warm-up, seed)")
     p.add_argument("--concurrency", type=int, help="closed-loop concurrency of a single cell")
     p.add_argument("--input-len", type=int, help="prompt tokens of a single cell")
     p.add_argument("--output-len", type=int, help="output tokens (max_tokens) of a single cell")
-    p.add_argument("--num-prompts", type=int, help="requests of a single cell (default 4 x concurrency)")
+    p.add_argument(
+        "--num-prompts", type=int, help="requests of a single cell (default 4 x concurrency)"
+    )
     p.add_argument("--request-rate", type=float, help="open loop: Poisson arrivals per second")
     p.add_argument("--dataset", help="ShareGPT JSON or JSONL of {prompt | input_len, output_len} "
                    "to sample prompts from (with --concurrency or --request-rate)")
@@ -46,13 +51,20 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--capacity", action="store_true",
                    help="after the cells, search the highest request rate that meets the "
                         "workload's SLOs (needs a workload with a capacity: section)")
-    p.add_argument("-o", "--output", help="results JSON; a CSV with the same stem is written beside it")
+    p.add_argument(
+        "-o", "--output", help="results JSON; a CSV with the same stem is written beside it"
+    )
     p.add_argument("--api", choices=APIS, default="chat")
-    p.add_argument("--extra-body", default="{}",
-                   help='JSON merged into every request, e.g. \'{"ignore_eos": true}\'; null removes a field')
+    p.add_argument(
+        "--extra-body",
+        default="{}",
+        help="JSON merged into every request, e.g. '{\"ignore_eos\": true}'; null removes a field",
+    )
     p.add_argument("--tokenizer", help="dir with tokenizer.json for exact prompt lengths")
     p.add_argument("--health-path", default="/health", help="polled during cells; '' disables")
-    p.add_argument("--stall-timeout", type=float, default=30.0, help="seconds without a token -> hang")
+    p.add_argument(
+        "--stall-timeout", type=float, default=30.0, help="seconds without a token -> hang"
+    )
     p.add_argument("--seed", type=int, help="prompt/arrival seed (default: the workload's, else 0)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
     return p
@@ -90,7 +102,9 @@ def _workload(args: argparse.Namespace) -> Workload:
     if args.workload:
         if any(v is not None for v in single + [args.num_prompts, args.request_rate,
                                                 args.dataset, args.trace]):
-            raise UsageError("give either --workload or --concurrency/--input-len/--output-len, not both")
+            raise UsageError(
+                "give either --workload or --concurrency/--input-len/--output-len, not both"
+            )
         return load_workload(args.workload)
     if args.dataset or args.trace:
         return _source_workload(args)
@@ -103,7 +117,9 @@ def _workload(args: argparse.Namespace) -> Workload:
     if args.request_rate is not None and not args.request_rate > 0:
         raise UsageError("--request-rate must be > 0")
     num = args.num_prompts if args.num_prompts is not None else 4 * args.concurrency
-    cell = Cell(args.concurrency, args.input_len, args.output_len, num, request_rate=args.request_rate)
+    cell = Cell(
+        args.concurrency, args.input_len, args.output_len, num, request_rate=args.request_rate
+    )
     return Workload("cli", 0, DEFAULT_WARMUP, (cell,))
 
 

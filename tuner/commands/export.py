@@ -11,6 +11,7 @@ from tuner.errors import UsageError
 from tuner.output import envfile, export
 from tuner.study import storage as studyref
 
+
 def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     """Register `tuner export`."""
     p = subparsers.add_parser(
@@ -19,10 +20,16 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
         epilog=SLO_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
     studyref.add_study_args(p)
     add_pick_args(p)
-    p.add_argument("--format", choices=export.FORMATS, default="env", help="output format (default: env)")
-    p.add_argument("-o", "--output", metavar="PATH",
-                   help="where to write; '-' for stdout (default: STUDIES_DIR/NAME/best.env for env, "
-                        "stdout for json/yaml)")
+    p.add_argument(
+        "--format", choices=export.FORMATS, default="env", help="output format (default: env)"
+    )
+    p.add_argument(
+        "-o",
+        "--output",
+        metavar="PATH",
+        help="where to write; '-' for stdout (default: STUDIES_DIR/NAME/best.env for env, "
+        "stdout for json/yaml)",
+    )
     p.add_argument("--check", metavar="ENVFILE", type=Path,
                    help="only validate an existing env file against the best.env rule and print it")
     p.set_defaults(func=run)

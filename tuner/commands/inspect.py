@@ -1,4 +1,5 @@
-"""`tuner inspect`: list the trials and the Pareto set, write report.html, or serve the dashboard."""
+"""`tuner inspect`: list the trials and the Pareto set, write report.html, or serve the
+dashboard."""
 
 from __future__ import annotations
 
@@ -16,8 +17,8 @@ import optuna
 from tuner.commands.pick_args import SLO_HELP, add_pick_args, pick_trial
 from tuner.errors import UsageError
 from tuner.output import export, report
-from tuner.output.result import result_lines
 from tuner.output.knob_check import describe, knob_report
+from tuner.output.result import result_lines
 from tuner.output.select import Choice, feasible_front, study_objectives
 from tuner.output.tables import trials_frame
 from tuner.study import storage as studyref
@@ -27,19 +28,36 @@ from tuner.study.record import TrialRecord, records
 def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     """Register `tuner inspect`."""
     p = subparsers.add_parser(
-        "inspect", help="show trials and the Pareto set; write report.html; --serve the dashboard",
-        description="Show a study's trials (params, outcome, objective values, constraints) and its "
-                    "feasible Pareto set, and write STUDIES_DIR/NAME/report.html.",
-        epilog=SLO_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
+        "inspect",
+        help="show trials and the Pareto set; write report.html; --serve the dashboard",
+        description="Show a study's trials (params, outcome, objective values, constraints) and "
+                    "its "
+        "feasible Pareto set, and write STUDIES_DIR/NAME/report.html.",
+        epilog=SLO_HELP,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     studyref.add_study_args(p)
     add_pick_args(p)
     p.add_argument("--format", choices=("table", "json", "csv"), default="table",
                    help="stdout format; csv: one row per trial with every metric (default: table)")
-    p.add_argument("--report", metavar="PATH", help="where to write the report (default: STUDIES_DIR/NAME/report.html)")
-    p.add_argument("--no-report", action="store_true", help="do not write report.html or store figures in the study")
-    p.add_argument("--serve", action="store_true",
-                   help="run optuna-dashboard on the study's storage until Ctrl-C (needs optuna-dashboard)")
-    p.add_argument("--host", default="127.0.0.1", help="--serve address (default: 127.0.0.1, local only)")
+    p.add_argument(
+        "--report",
+        metavar="PATH",
+        help="where to write the report (default: STUDIES_DIR/NAME/report.html)",
+    )
+    p.add_argument(
+        "--no-report",
+        action="store_true",
+        help="do not write report.html or store figures in the study",
+    )
+    p.add_argument(
+        "--serve",
+        action="store_true",
+        help="run optuna-dashboard on the study's storage until Ctrl-C (needs optuna-dashboard)",
+    )
+    p.add_argument(
+        "--host", default="127.0.0.1", help="--serve address (default: 127.0.0.1, local only)"
+    )
     p.add_argument("--port", type=int, default=8080, help="--serve port (default: 8080)")
     p.set_defaults(func=run)
     return p
@@ -98,7 +116,9 @@ def serve(storage: str, host: str, port: int) -> int:
         raise UsageError("--serve needs optuna-dashboard: "
                          "pip install 'llm-server-tuner[dashboard]' "
                          "(or pip install optuna-dashboard)") from None
-    print(f"optuna-dashboard on http://{host}:{port}/ for {storage} (Ctrl-C to stop)", file=sys.stderr)
+    print(
+        f"optuna-dashboard on http://{host}:{port}/ for {storage} (Ctrl-C to stop)", file=sys.stderr
+    )
     # A process started from a script's background job inherits SIGINT ignored; Ctrl-C is the
     # documented way to stop the dashboard, so take it back.
     signal.signal(signal.SIGINT, signal.default_int_handler)
@@ -136,7 +156,9 @@ def run(args: argparse.Namespace) -> int:
         figs = report.write_report(Path(path), study, choice)
         report_path = path
         if not report.store_in_dashboard(study, figs):
-            print("optuna-dashboard not installed: figures not stored in the study", file=sys.stderr)
+            print(
+                "optuna-dashboard not installed: figures not stored in the study", file=sys.stderr
+            )
     if args.format == "json":
         print(as_json(study, pareto, choice, report_path))
     elif args.format == "csv":

@@ -23,11 +23,13 @@ picks (all from the feasible Pareto set, optionally narrowed by --slo):
   slo             best first objective among trials meeting --slo
   values within 1% count as tied; ties go to more memory headroom, then less spread over repeats.
 
-best.env rule (identical for docker --env-file, systemd EnvironmentFile= and bash `set -a; . best.env`):
+best.env rule (identical for docker --env-file, systemd EnvironmentFile= and
+bash `set -a; . best.env`):
   only `# comment` and KEY=VALUE lines; VALUE uses only [A-Za-z0-9_./:,=+@%-] -- no quotes,
   spaces, $, backticks, backslashes or newlines (such a value is refused, naming its key).
   Tuned server flags go in TUNER_SERVER_ARGS as comma-separated argv tokens, e.g.
-  TUNER_SERVER_ARGS=--num-blocks,64,--block-size,256 ; expand with IFS=, read -ra ARGS <<<"$TUNER_SERVER_ARGS".
+  TUNER_SERVER_ARGS=--num-blocks,64,--block-size,256 ;
+  expand with IFS=, read -ra ARGS <<<"$TUNER_SERVER_ARGS".
 """
 
 
@@ -35,7 +37,9 @@ def add_pick_args(parser: argparse.ArgumentParser) -> None:
     """--pick, --slo and --trial (shared with inspect, which marks the chosen config)."""
     parser.add_argument("--pick", choices=PICKS, default="knee",
                         help="how to choose from the feasible Pareto set (default: knee)")
-    parser.add_argument("--slo", metavar="SPEC", help="only trials meeting these limits (syntax below)")
+    parser.add_argument(
+        "--slo", metavar="SPEC", help="only trials meeting these limits (syntax below)"
+    )
     parser.add_argument("--trial", type=int, metavar="N", help="use trial N instead of picking")
 
 

@@ -14,9 +14,9 @@ from pathlib import Path
 from typing import Any
 
 from tuner.errors import UsageError
+from tuner.paths import shipped
 from tuner.search.bounds import parse_size, resolve_space
 from tuner.search.model import load_model_info
-from tuner.paths import shipped
 from tuner.search.space import Param, SearchSpace
 from tuner.search.space_file import load_space
 from tuner.sim.profiles import get_profile
@@ -33,7 +33,11 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
                     "it, and the server's default ('-': left to the server).")
     p.add_argument("names", nargs="*", metavar="NAME",
                    help="only these spaces (a space name, or a path to a YAML file)")
-    p.add_argument("--dir", default=DEFAULT_DIR, help="folder of search-space YAML files (default: %(default)s)")
+    p.add_argument(
+        "--dir",
+        default=DEFAULT_DIR,
+        help="folder of search-space YAML files (default: %(default)s)",
+    )
     p.add_argument("--format", choices=("table", "json"), default="table",
                    help="stdout format (default: table)")
     p.add_argument("--model", help="model dir with config.json: resolve 'high: auto' bounds for it")
@@ -53,7 +57,9 @@ def resolve_all(spaces: list[SearchSpace], args: argparse.Namespace) -> list[Sea
     capacity = (parse_size(args.gpu_memory) if args.gpu_memory
                 else get_profile(args.simulate).memory_bytes if args.simulate else None)
     if capacity is None:
-        raise UsageError("--model resolves 'high: auto' for a card: give --gpu-memory or --simulate")
+        raise UsageError(
+            "--model resolves 'high: auto' for a card: give --gpu-memory or --simulate"
+        )
     model = load_model_info(args.model)
     return [resolve_space(s, model, capacity, ()) for s in spaces]
 
@@ -119,9 +125,13 @@ def format_table(records: list[dict[str, Any]]) -> str:
         rows += [[k["name"], k["type"], k["range"], f"{k['via']} {k['target']}",
                   _cell(k["default"]), k["help"]] for k in rec["knobs"]]
         widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]) - 1)]
-        lines = [f"{rec['name']}  ({rec['file']})" + (f": {rec['description']}" if rec["description"] else ""),
-                 f"  command: {' '.join(rec['command'] + rec['fixed_flags'])}",
-                 f"  health:  GET {rec['health_path']}" + ("   simulator: yes" if rec["simulator"] else "")]
+        lines = [
+            f"{rec['name']}  ({rec['file']})"
+            + (f": {rec['description']}" if rec["description"] else ""),
+            f"  command: {' '.join(rec['command'] + rec['fixed_flags'])}",
+            f"  health:  GET {rec['health_path']}"
+            + ("   simulator: yes" if rec["simulator"] else ""),
+        ]
         if rec["fixed_env"]:
             lines.append("  env:     " + " ".join(f"{k}={v}" for k, v in rec["fixed_env"].items()))
         for r in rows:

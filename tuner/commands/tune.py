@@ -22,14 +22,19 @@ import optuna
 from optuna.trial import TrialState
 from tqdm import tqdm
 
-from tuner.commands.tune_options import (add_adaptive_args, capacity_bytes, check_adaptive_args,
-                                         default_on_grid, warm_start)
+from tuner.commands.tune_options import (
+    add_adaptive_args,
+    capacity_bytes,
+    check_adaptive_args,
+    default_on_grid,
+    warm_start,
+)
 from tuner.errors import UsageError
 from tuner.output import envfile, export
 from tuner.output.knob_check import describe, knob_report
 from tuner.output.report import store_in_dashboard, write_report
-from tuner.output.select import choose
 from tuner.output.result import result_lines
+from tuner.output.select import choose
 from tuner.paths import shipped, space_file
 from tuner.search.bounds import resolve_space, resolved_bounds
 from tuner.search.model import ModelInfo, load_model_info
@@ -57,12 +62,22 @@ DEFAULT_TIME_SCALE = 25.0
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("tune", help="run or resume a tuning study",
                        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--model", required=True, help="model dir with config.json (weights not needed with --simulate)")
+    p.add_argument(
+        "--model",
+        required=True,
+        help="model dir with config.json (weights not needed with --simulate)",
+    )
     p.add_argument("--space", default="search_spaces/infinilm.yaml",
                    help="search-space YAML, or a shipped space's name from `tuner targets` "
                         "(default: %(default)s)")
-    p.add_argument("--workload", default="studies/quick.yaml", help="workload YAML (default: %(default)s)")
-    p.add_argument("--simulate", metavar="GPU", help="run the built-in simulated server with this GPU profile, e.g. rtx4090")
+    p.add_argument(
+        "--workload", default="studies/quick.yaml", help="workload YAML (default: %(default)s)"
+    )
+    p.add_argument(
+        "--simulate",
+        metavar="GPU",
+        help="run the built-in simulated server with this GPU profile, e.g. rtx4090",
+    )
     p.add_argument("--time-scale", type=float, default=DEFAULT_TIME_SCALE,
                    help="simulated seconds per wall second with --simulate (default: %(default)s)")
     p.add_argument("--trials", type=int, default=20,
@@ -70,14 +85,20 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                         "skips and repeats of a measured config do not count (see --max-skips) "
                         "(default: %(default)s)")
     p.add_argument("--study", help="study name (default: <space>-<model>-<gpu>)")
-    p.add_argument("--studies-dir", default="studies", help="where study folders live (default: %(default)s)")
+    p.add_argument(
+        "--studies-dir", default="studies", help="where study folders live (default: %(default)s)"
+    )
     p.add_argument("--storage", help="Optuna storage URL (default: sqlite:///<studies-dir>/<study>/study.db)")
     p.add_argument("--sampler", default="auto", choices=SAMPLERS, help="(default: %(default)s)")
     p.add_argument("--seed", type=int, default=0,
                    help="sampler seed; a resumed run moves on from it by the trials done "
                         "(default: %(default)s; workers on several hosts: one seed each)")
-    p.add_argument("--objective", action="append", metavar="'max|min METRIC'",
-                   help="repeatable; default: the workload's, else " + "; ".join(DEFAULT_OBJECTIVES))
+    p.add_argument(
+        "--objective",
+        action="append",
+        metavar="'max|min METRIC'",
+        help="repeatable; default: the workload's, else " + "; ".join(DEFAULT_OBJECTIVES),
+    )
     p.add_argument("--stall-timeout", type=float, default=60.0,
                    help="seconds without any token that count as a hang (default: %(default)s)")
     p.add_argument("--startup-timeout", type=float,
@@ -86,13 +107,20 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="continue an existing study (an error if there is none); the same command "
                         "without --resume also continues it")
     p.add_argument("--no-export", action="store_true", help="skip writing best.env and report.html")
-    p.add_argument("--gpus", help="comma-separated GPU indices: one worker per GPU on this host, sharing the study")
+    p.add_argument(
+        "--gpus",
+        help="comma-separated GPU indices: one worker per GPU on this host, sharing the study",
+    )
     p.add_argument("--gpu-index", type=int, help=argparse.SUPPRESS)  # set by --gpus for each worker
     p.add_argument("--gpu-memory-cap", metavar="SIZE",
                    help="tune for a smaller card: cap the server process's GPU memory, e.g. 24GiB "
                         "(servers started through tuner's launchers, e.g. the transformers space)")
-    p.add_argument("--gpu-wait", type=float, default=300.0,
-                   help="seconds to wait for the GPU to be free before a trial (default: %(default)s)")
+    p.add_argument(
+        "--gpu-wait",
+        type=float,
+        default=300.0,
+        help="seconds to wait for the GPU to be free before a trial (default: %(default)s)",
+    )
     add_adaptive_args(p)
 
 

@@ -13,13 +13,13 @@ from typing import TYPE_CHECKING, Any
 
 import optuna
 
+from tuner.errors import UsageError
 from tuner.search.bounds import parse_size
 from tuner.search.grid import complete_on_grid
-from tuner.errors import UsageError
-from tuner.server.gpu import GpuState
-from tuner.sim.profiles import get_profile
 from tuner.search.space import SearchSpace
 from tuner.search.warmstart import clip_to_space, enqueue, load_seed_config, pareto_configs
+from tuner.server.gpu import GpuState
+from tuner.sim.profiles import get_profile
 from tuner.study.record import DEFAULT_MARK, KV_SHARE, kv_mark
 from tuner.study.storage import find_study
 from tuner.trial.kv_share import runnable

@@ -1,7 +1,8 @@
 """One knob at a time around a chosen config: which knobs does the server actually read?
 
 The study's own trials change many knobs at once, so with a dozen trials the fANOVA check
-(tuner.output.knob_check) cannot tell a dead knob from a weak one.  An ablation can: the chosen config is run
+(tuner.output.knob_check) cannot tell a dead knob from a weak one.  An ablation can: the chosen
+config is run
 `repeats` times to measure the run-to-run noise, then once per variant that changes a single knob
 to another value of its range.  A knob whose every variant runs healthy and moves no objective
 metric by more than the noise band (at least `floor`) had no effect: the server likely ignores it
@@ -73,9 +74,18 @@ def _rel(a: float, b: float) -> float:
     return (a - b) / abs(b) if b else (0.0 if a == b else float("inf"))
 
 
-def ablate(ctx: TrialContext, base: dict[str, Any], knobs: list[Param], metrics: list[str],
-           trial_root: Path, repeats: int = 2, floor: float = 0.02, per_knob: int = 2,
-           runner: Runner = run_trial, log: Callable[[str], None] = lambda line: None) -> AblationReport:
+def ablate(  # noqa: PLR0913
+    ctx: TrialContext,
+    base: dict[str, Any],
+    knobs: list[Param],
+    metrics: list[str],
+    trial_root: Path,
+    repeats: int = 2,
+    floor: float = 0.02,
+    per_knob: int = 2,
+    runner: Runner = run_trial,
+    log: Callable[[str], None] = lambda line: None,
+) -> AblationReport:
     """Run the base config `repeats` times, then each single-knob variant (up to `per_knob`
     values per knob) once."""
     base_runs = []

@@ -5,7 +5,8 @@ docker keeps the rest of the line after `=` verbatim (quotes included); systemd 
 backslash escapes and trims whitespace; bash `set -a; . best.env` runs a line with an unquoted
 space as a command and expands `$`, backticks and `~`.  So every line is one of
 
-    # comment      -- printable ASCII without backslash (systemd continues a comment that ends in a backslash)
+    # comment      -- printable ASCII without backslash (systemd continues a comment that
+                      ends in a backslash)
     KEY=VALUE      -- KEY matches [A-Za-z_][A-Za-z0-9_]* and is not a name bash treats specially;
                       VALUE matches [A-Za-z0-9_./:,=+@%-]* (no quotes, spaces, `$`, backticks,
                       backslashes, `~`, `#`, `;`, newlines)
@@ -40,9 +41,17 @@ BASH_SPECIAL = {"BASHOPTS", "BASHPID", "BASH_ARGC", "BASH_ARGV", "BASH_ENV", "BA
 
 
 def _describe(value: str) -> str:
-    for ch, what in (("\n", "a newline"), ("\r", "a carriage return"), ("$", "'$'"), ("`", "a backtick"),
-                     ("\\", "a backslash"), ('"', "a double quote"), ("'", "a single quote"),
-                     (" ", "a space"), ("\t", "a tab")):
+    for ch, what in (
+        ("\n", "a newline"),
+        ("\r", "a carriage return"),
+        ("$", "'$'"),
+        ("`", "a backtick"),
+        ("\\", "a backslash"),
+        ('"', "a double quote"),
+        ("'", "a single quote"),
+        (" ", "a space"),
+        ("\t", "a tab"),
+    ):
         if ch in value:
             return what
     bad = next(c for c in value if not VALUE_RE.fullmatch(c))
@@ -52,10 +61,14 @@ def _describe(value: str) -> str:
 def check_key(key: str) -> None:
     """Refuse names that are not plain identifiers or that bash would not simply assign."""
     if not KEY_RE.fullmatch(key):
-        raise UsageError(f"env var name {key!r} is not [A-Za-z_][A-Za-z0-9_]*: refusing to write it")
+        raise UsageError(
+            f"env var name {key!r} is not [A-Za-z_][A-Za-z0-9_]*: refusing to write it"
+        )
     if key in BASH_SPECIAL:
-        raise UsageError(f"env var {key}: bash treats this name specially, so `. best.env` would not "
-                         "set it as docker and systemd do")
+        raise UsageError(
+            f"env var {key}: bash treats this name specially, so `. best.env` would not "
+            "set it as docker and systemd do"
+        )
 
 
 def check_value(key: str, value: str) -> None:

@@ -16,6 +16,7 @@ from typing import Any
 
 import optuna
 import yaml
+
 import tuner
 from tuner.errors import UsageError
 from tuner.output import envfile
@@ -25,8 +26,18 @@ from tuner.study.record import StudyInfo, TrialRecord
 
 FORMATS = ("env", "json", "yaml")
 # metrics worth a header line; json/yaml carry them all
-HEADER_METRICS = ("output_throughput", "request_throughput", "mean_ttft_ms", "p99_ttft_ms", "mean_tpot_ms",
-                  "p99_tpot_ms", "p99_itl_ms", "p99_e2el_ms", "completed", "failed")
+HEADER_METRICS = (
+    "output_throughput",
+    "request_throughput",
+    "mean_ttft_ms",
+    "p99_ttft_ms",
+    "mean_tpot_ms",
+    "p99_tpot_ms",
+    "p99_itl_ms",
+    "p99_e2el_ms",
+    "completed",
+    "failed",
+)
 
 
 @dataclass
@@ -137,19 +148,24 @@ def _fmt(v: Any) -> str:
 def env_header(cfg: ExportConfig) -> list[str]:
     """Comment lines for best.env: provenance, the metrics, and how to use the args variable."""
     p = cfg.provenance
-    lines = [f"best config exported by tuner {p['exported_by']} on {p['date']}",
-             f"study: {p['study']}  trial: {p['trial']}  pick: {p['pick']}",
-             f"study tuner version: {p['tuner_version']}",
-             f"model: {p['model']}", f"gpu: {p['gpu']}",
-             f"search space: {p['space']} ({p['space_file']})  workload: {p['workload']}",
-             *(["WARNING: measured on the simulator, not on a real server"] if p["simulated"] else []),
-             "objectives: " + ", ".join(f"{k}={_fmt(v)}" for k, v in p["values"].items())]
+    lines = [
+        f"best config exported by tuner {p['exported_by']} on {p['date']}",
+        f"study: {p['study']}  trial: {p['trial']}  pick: {p['pick']}",
+        f"study tuner version: {p['tuner_version']}",
+        f"model: {p['model']}",
+        f"gpu: {p['gpu']}",
+        f"search space: {p['space']} ({p['space_file']})  workload: {p['workload']}",
+        *(["WARNING: measured on the simulator, not on a real server"] if p["simulated"] else []),
+        "objectives: " + ", ".join(f"{k}={_fmt(v)}" for k, v in p["values"].items()),
+    ]
     shown = [(k, p["metrics"][k]) for k in HEADER_METRICS if k in p["metrics"]]
     for i in range(0, len(shown), 4):
         lines.append("metrics: " + ", ".join(f"{k}={_fmt(v)}" for k, v in shown[i:i + 4]))
     if p.get("no_effect"):
-        lines.append(f"tuner ablate (around trial {p['no_effect']['base_trial']}): no effect on this "
-                     f"server, within the noise: {', '.join(p['no_effect']['knobs'])}")
+        lines.append(
+            f"tuner ablate (around trial {p['no_effect']['base_trial']}): no effect on this "
+            f"server, within the noise: {', '.join(p['no_effect']['knobs'])}"
+        )
     lines += ["params: " + ", ".join(f"{k}={v}" for k, v in cfg.params.items()),
               *([f"SLO: {', '.join(f'{k}<={_fmt(v)}' for k, v in p['slo'].items())}"]
                 if p.get("slo") else []),
@@ -167,7 +183,9 @@ def render(cfg: ExportConfig, fmt: str) -> str:
     if fmt == "env":
         env = dict(cfg.env)
         if envfile.SERVER_ARGS_VAR in env:
-            raise UsageError(f"env param {envfile.SERVER_ARGS_VAR} clashes with the server args variable")
+            raise UsageError(
+                f"env param {envfile.SERVER_ARGS_VAR} clashes with the server args variable"
+            )
         env[envfile.SERVER_ARGS_VAR] = envfile.encode_server_args(cfg.server_args)
         return envfile.render(env, env_header(cfg))
     doc = {"provenance": cfg.provenance, "env": cfg.env, "server_args": cfg.server_args,

@@ -23,10 +23,20 @@ from tuner.search.objectives import Objective
 from tuner.search.slo import cell_id
 from tuner.study.record import TrialRecord, is_measured
 
-OUTCOME_COLORS = {"ok": "#2ca02c", "slo": "#bcbd22", "oom": "#d62728",
-                  "crash": "#000000", "unhealthy": "#ff7f0e", "hang": "#9467bd", "startup": "#8c564b",
-                  "skipped": "#7f7f7f", "rejected": "#e377c2", "interrupted": "#aec7e8",
-                  "flaky": "#ffbb78", "gpu_busy": "#c7c7c7"}
+OUTCOME_COLORS = {
+    "ok": "#2ca02c",
+    "slo": "#bcbd22",
+    "oom": "#d62728",
+    "crash": "#000000",
+    "unhealthy": "#ff7f0e",
+    "hang": "#9467bd",
+    "startup": "#8c564b",
+    "skipped": "#7f7f7f",
+    "rejected": "#e377c2",
+    "interrupted": "#aec7e8",
+    "flaky": "#ffbb78",
+    "gpu_busy": "#c7c7c7",
+}
 CELL_METRICS = ("output_throughput", "p99_ttft_ms", "p99_tpot_ms", "mean_ttft_ms", "mean_tpot_ms")
 
 
@@ -68,14 +78,33 @@ def pareto_front(trials: Sequence[TrialRecord], objectives: Sequence[Objective],
         ys = axes[b]
         for name in dict.fromkeys(t.outcome for t in done):
             idx = [k for k, t in enumerate(done) if t.outcome == name]
-            fig.add_trace(go.Scatter(
-                x=[xs[k] for k in idx], y=[ys[k] for k in idx], mode="markers", name=name,
-                legendgroup=name, showlegend=n == 0,
-                marker=dict(color=_color(name), size=9, symbol="circle" if name in ("ok", "slo") else "x"),
-                text=[_hover(done[k], objectives) for k in idx], hoverinfo="text"), row=row, col=col)
-        for name, nums, marker in (("Pareto set", set(pareto), dict(size=16, color="rgba(0,0,0,0)",
-                                                                      line=dict(color="#1f77b4", width=2))),
-                                   ("chosen", {chosen}, dict(size=20, symbol="star", color="#1f77b4"))):
+            fig.add_trace(
+                go.Scatter(
+                    x=[xs[k] for k in idx],
+                    y=[ys[k] for k in idx],
+                    mode="markers",
+                    name=name,
+                    legendgroup=name,
+                    showlegend=n == 0,
+                    marker=dict(
+                        color=_color(name),
+                        size=9,
+                        symbol="circle" if name in ("ok", "slo") else "x",
+                    ),
+                    text=[_hover(done[k], objectives) for k in idx],
+                    hoverinfo="text",
+                ),
+                row=row,
+                col=col,
+            )
+        for name, nums, marker in (
+            (
+                "Pareto set",
+                set(pareto),
+                dict(size=16, color="rgba(0,0,0,0)", line=dict(color="#1f77b4", width=2)),
+            ),
+            ("chosen", {chosen}, dict(size=20, symbol="star", color="#1f77b4")),
+        ):
             idx = [k for k, t in enumerate(done) if t.number in nums]
             fig.add_trace(go.Scatter(x=[xs[k] for k in idx], y=[ys[k] for k in idx], mode="markers",
                                      name=name, legendgroup=name, showlegend=n == 0, marker=marker,
@@ -126,8 +155,17 @@ def param_importances(knobs: KnobReport | None) -> go.Figure:
         return _note("Parameter importances", f"needs {MIN_TRIALS}+ ok trials with varying knobs")
     names = sorted(knobs.importance, key=lambda k: max(knobs.importance[k].values(), default=0))
     labels = list(dict.fromkeys(lab for per in knobs.importance.values() for lab in per))
-    fig = go.Figure([go.Bar(name=lab, orientation="h", y=names,
-                            x=[knobs.importance[k].get(lab, 0.0) for k in names]) for lab in labels])
+    fig = go.Figure(
+        [
+            go.Bar(
+                name=lab,
+                orientation="h",
+                y=names,
+                x=[knobs.importance[k].get(lab, 0.0) for k in names],
+            )
+            for lab in labels
+        ]
+    )
     fig.update_layout(title=f"Parameter importances (fANOVA share of each objective's variance, "
                             f"{knobs.trials_used} ok trials)", barmode="group",
                       xaxis_title="share of variance", xaxis_tickformat=".0%",
@@ -151,12 +189,21 @@ def failure_map(trials: Sequence[TrialRecord]) -> go.Figure:
             sub = [t for t in trials if t.outcome == name and p in t.params]
             if not sub:
                 continue
-            fig.add_trace(go.Scatter(
-                x=[_plain(t.params[p]) for t in sub],
-                y=[order.index(name) + rng.uniform(-0.2, 0.2) for t in sub], mode="markers",
-                name=name, legendgroup=name, showlegend=n == 0, marker=dict(color=_color(name), size=8),
-                text=[f"trial {t.number}: {p}={t.params[p]} -> {name}" for t in sub], hoverinfo="text"),
-                row=row, col=col)
+            fig.add_trace(
+                go.Scatter(
+                    x=[_plain(t.params[p]) for t in sub],
+                    y=[order.index(name) + rng.uniform(-0.2, 0.2) for t in sub],
+                    mode="markers",
+                    name=name,
+                    legendgroup=name,
+                    showlegend=n == 0,
+                    marker=dict(color=_color(name), size=8),
+                    text=[f"trial {t.number}: {p}={t.params[p]} -> {name}" for t in sub],
+                    hoverinfo="text",
+                ),
+                row=row,
+                col=col,
+            )
         fig.update_yaxes(tickvals=list(range(len(order))), ticktext=order, row=row, col=col)
     fig.update_layout(title="Failure map: outcome of each value tried, per knob", height=300 * rows)
     return fig
@@ -176,7 +223,10 @@ def cells_table(chosen: TrialRecord | None, default: TrialRecord | None) -> go.F
             by_cell.setdefault(cell_id(c.get("cell", {})), {})[who] = c.get("metrics") or {}
     header = ["cell"]
     for m in CELL_METRICS:
-        header += [f"{m}<br>chosen #{chosen.number}", f"default{f' #{default.number}' if default else ''}"]
+        header += [
+            f"{m}<br>chosen #{chosen.number}",
+            f"default{f' #{default.number}' if default else ''}",
+        ]
     rows: list[list[str]] = []
     for cell, got in by_cell.items():
         row = [cell]
@@ -184,9 +234,14 @@ def cells_table(chosen: TrialRecord | None, default: TrialRecord | None) -> go.F
             row += [_num(got.get("chosen", {}).get(m)),
                     _num(got.get("default", {}).get(m)) if default else "no default trial"]
         rows.append(row)
-    fig = go.Figure(go.Table(header=dict(values=header, align="left"),
-                             cells=dict(values=list(map(list, zip(*rows))) if rows else [[]] * len(header),
-                                        align="left")))
+    fig = go.Figure(
+        go.Table(
+            header=dict(values=header, align="left"),
+            cells=dict(
+                values=list(map(list, zip(*rows))) if rows else [[]] * len(header), align="left"
+            ),
+        )
+    )
     fig.update_layout(title=f"Chosen trial {chosen.number} per cell vs the default config"
                             + ("" if default else " (the study ran no default config)"),
                       height=260 + 32 * max(len(rows), 1), margin=dict(t=60, b=10))
@@ -198,7 +253,8 @@ def _num(v: Any) -> str:
 
 
 def memory_headroom(trials: Sequence[TrialRecord]) -> go.Figure | None:
-    """Predicted headroom (1 - predicted_peak/capacity) against what happened; None if unrecorded."""
+    """Predicted headroom (1 - predicted_peak/capacity) against what happened; None if not
+    recorded."""
     pts = []
     for t in trials:
         pred, cap, seen = t.predicted_peak_bytes, t.capacity_bytes, t.peak_bytes
@@ -221,10 +277,15 @@ def memory_headroom(trials: Sequence[TrialRecord]) -> go.Figure | None:
                       xaxis_title="predicted headroom (1 - predicted_peak_bytes / capacity_bytes)",
                       xaxis_tickformat=".0%")
     if with_seen:
-        fig.update_yaxes(title_text="seen headroom (1 - peak_bytes / capacity_bytes)", tickformat=".0%")
+        fig.update_yaxes(
+            title_text="seen headroom (1 - peak_bytes / capacity_bytes)", tickformat=".0%"
+        )
     else:
-        fig.update_yaxes(title_text="outcome (peak_bytes not recorded)", tickvals=list(range(len(order))),
-                         ticktext=order)
+        fig.update_yaxes(
+            title_text="outcome (peak_bytes not recorded)",
+            tickvals=list(range(len(order))),
+            ticktext=order,
+        )
     return fig
 
 

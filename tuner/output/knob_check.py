@@ -13,8 +13,8 @@ and the report points to `tuner ablate`, which settles the question one knob at 
 from __future__ import annotations
 
 import warnings
-from collections.abc import Callable
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import optuna
@@ -95,8 +95,13 @@ def _common_ranges(trials: list[FrozenTrial]) -> list[FrozenTrial]:
 def describe(report: KnobReport | None, threshold: float = 0.02) -> str:
     if report is None:
         return f"knob check: needs at least {MIN_TRIALS} ok trials"
-    lines = [f"knob check over {report.trials_used} ok trials (fANOVA share of each objective's variance):"]
-    for knob, per in sorted(report.importance.items(), key=lambda kv: -max(kv[1].values(), default=0)):
+    lines = [
+        f"knob check over {report.trials_used} ok trials "
+        "(fANOVA share of each objective's variance):"
+    ]
+    for knob, per in sorted(
+        report.importance.items(), key=lambda kv: -max(kv[1].values(), default=0)
+    ):
         lines.append(f"  {knob:28s} " + "  ".join(f"{lab}={v:.2f}" for lab, v in per.items()))
     if report.no_effect:
         lines.append(f"  no measurable effect (< {threshold:.0%} on every objective): "
@@ -108,6 +113,9 @@ def describe(report: KnobReport | None, threshold: float = 0.02) -> str:
         lines.append("  never varied among ok trials: " + ", ".join(report.constant))
     unsure = report.no_effect + report.barely_varied + report.constant
     if unsure:
-        lines.append("  to check whether the server reads them: tuner ablate --knobs " + ",".join(unsure)
-                     + " (plus the study's --study/--model/--space/--workload)")
+        lines.append(
+            "  to check whether the server reads them: tuner ablate --knobs "
+            + ",".join(unsure)
+            + " (plus the study's --study/--model/--space/--workload)"
+        )
     return "\n".join(lines)

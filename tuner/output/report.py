@@ -26,7 +26,8 @@ from tuner.study.record import StudyInfo, TrialRecord, records
 
 _ONERROR = """<script>
 (function(){function rec(msg){var b=document.body;var e=JSON.parse(b.dataset.jsErrors||"[]");
-e.push(String(msg));b.dataset.jsErrors=JSON.stringify(e);var box=document.getElementById("js-errors");
+e.push(String(msg));b.dataset.jsErrors=JSON.stringify(e);
+var box=document.getElementById("js-errors");
 box.style.display="block";box.textContent+=String(msg)+"\\n";}
 window.onerror=function(m,s,l,c){rec(m+" at "+s+":"+l+":"+c);};
 window.addEventListener("unhandledrejection",function(ev){rec("unhandled rejection: "+ev.reason);});
@@ -82,19 +83,29 @@ def _summary(study: optuna.Study, choice: Choice | None) -> str:
     meta = StudyInfo.of(study)
     trials = records(study)
     counts = Counter(t.outcome for t in trials)
-    info = {"study": study.study_name, "model": meta.model, "gpu": meta.gpu,
-            "search space": meta.space, "workload": meta.workload,
-            "objectives": ", ".join(map(str, study_objectives(study))),
-            "trials": f"{len(trials)} (" + ", ".join(f"{n} {o}" for o, n in counts.most_common()) + ")"}
+    info = {
+        "study": study.study_name,
+        "model": meta.model,
+        "gpu": meta.gpu,
+        "search space": meta.space,
+        "workload": meta.workload,
+        "objectives": ", ".join(map(str, study_objectives(study))),
+        "trials": f"{len(trials)} (" + ", ".join(f"{n} {o}" for o, n in counts.most_common()) + ")",
+    }
     if choice is None:
         return _kv(info) + "<p><b>No feasible trial: nothing chosen.</b></p>"
     t = choice.trial
-    info.update({"chosen trial": f"{t.number} ({choice.rule})",
-                 "Pareto set": ", ".join(str(p.number) for p in choice.pareto),
-                 "chosen values": ", ".join(f"{o.metric}={v:.4g}"
-                                            for o, v in zip(study_objectives(study), t.values or ())),
-                 "chosen params": ", ".join(f"{k}={v}" for k, v in t.params.items()),
-                 "launch": envfile.server_args_line(list(t.argv))})
+    info.update(
+        {
+            "chosen trial": f"{t.number} ({choice.rule})",
+            "Pareto set": ", ".join(str(p.number) for p in choice.pareto),
+            "chosen values": ", ".join(
+                f"{o.metric}={v:.4g}" for o, v in zip(study_objectives(study), t.values or ())
+            ),
+            "chosen params": ", ".join(f"{k}={v}" for k, v in t.params.items()),
+            "launch": envfile.server_args_line(list(t.argv)),
+        }
+    )
     return _kv(info)
 
 
@@ -107,8 +118,10 @@ def render_html(study: optuna.Study, choice: Choice | None, figs: Mapping[str, g
     """The whole page as one string."""
     sections = []
     for fid, fig in figs.items():
-        sections.append(f"<section><div id='{fid}' class='fig'></div>"
-                        f"<script type='application/json' id='{fid}-data'>{_fig_json(fig)}</script></section>")
+        sections.append(
+            f"<section><div id='{fid}' class='fig'></div>"
+            f"<script type='application/json' id='{fid}-data'>{_fig_json(fig)}</script></section>"
+        )
     if "memory" not in figs:
         sections.append("<section id='memory-note'><h3>Memory headroom: predicted vs seen</h3>"
                         "<p>not recorded (no trial has a predicted peak and the card's "

@@ -57,7 +57,9 @@ def study_objectives(study: optuna.Study) -> list[Objective]:
     return [Objective(n, mx) for n, mx in zip(names, maximize)]
 
 
-def feasible_front(trials: Sequence[TrialRecord], objectives: Sequence[Objective]) -> list[TrialRecord]:
+def feasible_front(
+    trials: Sequence[TrialRecord], objectives: Sequence[Objective]
+) -> list[TrialRecord]:
     """The Pareto set of the feasible trials."""
     return pareto.front([t for t in trials if t.feasible], objectives)
 

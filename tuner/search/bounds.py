@@ -16,9 +16,9 @@ import re
 
 from tuner.bench.records import Cell
 from tuner.errors import UsageError
-from tuner.trial.memory_estimate import runtime_prior
 from tuner.search.model import ModelInfo
 from tuner.search.space import Param, SearchSpace
+from tuner.trial.memory_estimate import runtime_prior
 
 _SIZE_RE = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*([kmgt]?)(i?)(b?)\s*$", re.IGNORECASE)
 _UNITS = {"": 0, "k": 1, "m": 2, "g": 3, "t": 4}

@@ -69,13 +69,17 @@ class Objective:
         return float(metrics.get(self.metric, self.worst()))
 
 
-def parse_objectives(specs: list[str] | tuple[str, ...], where: str = "objectives") -> list[Objective]:
+def parse_objectives(
+    specs: list[str] | tuple[str, ...], where: str = "objectives"
+) -> list[Objective]:
     """Parse entries like 'max output_throughput' or 'min p99_ttft_ms'."""
     out = []
     for spec in specs:
         parts = str(spec).split()
         if len(parts) != 2 or parts[0] not in ("max", "min"):
-            raise UsageError(f"{where}: unknown objective '{spec}' (write 'max METRIC' or 'min METRIC')")
+            raise UsageError(
+                f"{where}: unknown objective '{spec}' (write 'max METRIC' or 'min METRIC')"
+            )
         out.append(Objective(check_metric(parts[1], where), parts[0] == "max"))
     if not out:
         raise UsageError(f"{where}: at least one objective is needed")

@@ -92,7 +92,10 @@ def parse_slo(spec: str) -> list[SloTerm]:
             continue
         m = _TERM.match(text)
         if not m:
-            raise UsageError(f"bad SLO term {text!r}: expected [cell:c<C>_i<I>_o<O>:]METRIC(<=|<|>=|>)NUMBER[ms|s]")
+            raise UsageError(
+                f"bad SLO term {text!r}: expected "
+                "[cell:c<C>_i<I>_o<O>:]METRIC(<=|<|>=|>)NUMBER[ms|s]"
+            )
         metric = canonical_metric(m.group("metric"))
         limit = float(m.group("num"))
         unit = m.group("unit")
@@ -118,7 +121,9 @@ def check_known(terms: Iterable[SloTerm], trials: Iterable[Measured]) -> None:
     for trial in trials:
         agg.update(trial.metrics.keys())
         for c in trial.cells:
-            per_cell.setdefault(cell_id(c.get("cell", {})), set()).update((c.get("metrics") or {}).keys())
+            per_cell.setdefault(cell_id(c.get("cell", {})), set()).update(
+                (c.get("metrics") or {}).keys()
+            )
     for term in terms:
         if term.cell is None:
             known = agg

@@ -41,7 +41,9 @@ class Param:
     true_value: str = "1"
     false_value: str = "0"
     help: str = ""
-    role: str | None = None        # what the knob means to the memory model (tuner.trial.memory_estimate.ROLES)
+    role: str | None = (
+        None  # what the knob means to the memory model (tuner.trial.memory_estimate.ROLES)
+    )
     divide_by: str | None = None   # rendered as value // params[divide_by] (tokens -> blocks)
     high_auto: bool = False        # `high: auto` in the YAML; `high` is None until resolved
 
@@ -69,7 +71,9 @@ class Param:
         if self.type == "bool":
             return self.true_value if value else self.false_value
         if self.type == "float":
-            return repr(round(float(value), 10))  # 0.68, not 0.6800000000000002 from a stepped float
+            return repr(
+                round(float(value), 10)
+            )  # 0.68, not 0.6800000000000002 from a stepped float
         return str(value)
 
     def describe(self) -> str:
@@ -137,9 +141,17 @@ class SearchSpace:
                            "fixed_env": self.raw.get("fixed_env")}, sort_keys=True, default=str)
         return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
-    def render(self, params: dict[str, Any], *, model: str, host: str, port: int,
-               max_output_len: int, simulate: str | None = None,
-               extra_placeholders: dict[str, str] | None = None) -> tuple[list[str], dict[str, str]]:
+    def render(
+        self,
+        params: dict[str, Any],
+        *,
+        model: str,
+        host: str,
+        port: int,
+        max_output_len: int,
+        simulate: str | None = None,
+        extra_placeholders: dict[str, str] | None = None,
+    ) -> tuple[list[str], dict[str, str]]:
         """The exact argv and environment the server gets for `params`.
 
         Parameters absent from `params` are left unset (flag omitted, variable not exported),

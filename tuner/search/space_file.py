@@ -12,8 +12,7 @@ from typing import Any
 import yaml
 
 from tuner.errors import UsageError
-from tuner.search.space import (AUTO, FAILURE_CLASSES, Param, SearchSpace, ServerSpec,
-                                _has_newline)
+from tuner.search.space import AUTO, FAILURE_CLASSES, Param, SearchSpace, ServerSpec, _has_newline
 
 PARAM_TYPES = ("int", "float", "categorical", "bool")
 _PARAM_KEYS = {"type", "low", "high", "step", "log", "choices", "flag", "env", "default",

@@ -17,11 +17,11 @@ from typing import Any
 import optuna
 import yaml
 
-from tuner.output import envfile
 from tuner.errors import UsageError
+from tuner.output import envfile
 from tuner.output.select import feasible_front, study_objectives
-from tuner.study.record import records
 from tuner.search.space import SearchSpace
+from tuner.study.record import records
 
 
 def clip_to_space(space: SearchSpace, params: dict[str, Any]) -> dict[str, Any]:
@@ -42,7 +42,9 @@ def clip_to_space(space: SearchSpace, params: dict[str, Any]) -> dict[str, Any]:
                 num = lo + math.floor((num - lo) / p.step + 1e-9) * p.step
             out[p.name] = int(round(num)) if p.type == "int" else num
         elif p.type == "bool":
-            out[p.name] = value if isinstance(value, bool) else str(value) in (p.true_value, "true", "True")
+            out[p.name] = (
+                value if isinstance(value, bool) else str(value) in (p.true_value, "true", "True")
+            )
         else:
             match = [c for c in p.choices if str(c) == str(value)]
             if match:
@@ -52,8 +54,14 @@ def clip_to_space(space: SearchSpace, params: dict[str, Any]) -> dict[str, Any]:
 
 def _from_env(space: SearchSpace, env: dict[str, str]) -> dict[str, Any]:
     """Params from an env file: env-knobs by variable name, flag-knobs from TUNER_SERVER_ARGS."""
-    params: dict[str, Any] = {p.name: env[p.env] for p in space.parameters if p.env and p.env in env}
-    args = envfile.decode_server_args(env[envfile.SERVER_ARGS_VAR]) if envfile.SERVER_ARGS_VAR in env else []
+    params: dict[str, Any] = {
+        p.name: env[p.env] for p in space.parameters if p.env and p.env in env
+    }
+    args = (
+        envfile.decode_server_args(env[envfile.SERVER_ARGS_VAR])
+        if envfile.SERVER_ARGS_VAR in env
+        else []
+    )
     for p in space.parameters:
         if p.flag and p.flag in args:
             if p.type == "bool":
@@ -81,7 +89,9 @@ def load_seed_config(space: SearchSpace, path: str | Path) -> dict[str, Any]:
         try:
             data = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
         except (json.JSONDecodeError, yaml.YAMLError) as exc:
-            raise UsageError(f"--seed-config {path}: malformed: {str(exc).splitlines()[0]}") from None
+            raise UsageError(
+                f"--seed-config {path}: malformed: {str(exc).splitlines()[0]}"
+            ) from None
         if not isinstance(data, dict):
             raise UsageError(f"--seed-config {path}: expected a mapping of knob: value")
         unknown = set(data) - {p.name for p in space.parameters}

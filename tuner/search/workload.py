@@ -76,7 +76,7 @@ def parse_workload(data: Any, source: str, extra_keys: Iterable[str] = ()) -> Wo
     capacity = None
     if raw_capacity is not None:
         capacity = parse_capacity(raw_capacity, source, len(cells))
-    warmup = DEFAULT_WARMUP
+    warmup: Warmup | None = DEFAULT_WARMUP
     if "warmup" in top:
         if top["warmup"] is None:
             warmup = None
@@ -99,7 +99,9 @@ def _mapping(value: Any, source: str, where: str, allowed: Iterable[str]) -> Map
     allowed = tuple(allowed)
     for key in value:
         if key not in allowed:
-            raise UsageError(f"{source}: {_at(where, key)}: unknown key (allowed: {', '.join(allowed)})")
+            raise UsageError(
+                f"{source}: {_at(where, key)}: unknown key (allowed: {', '.join(allowed)})"
+            )
     return value
 
 
@@ -107,7 +109,9 @@ def _at(where: str, key: str) -> str:
     return key if where in ("", "(top level)") else f"{where}.{key}"
 
 
-def _int(m: Mapping[str, Any], key: str, source: str, where: str, low: int | None, default: int | None) -> int:
+def _int(
+    m: Mapping[str, Any], key: str, source: str, where: str, low: int | None, default: int | None
+) -> int:
     value = m.get(key, default)
     if value is None:
         raise UsageError(f"{source}: {_at(where, key)}: required")
@@ -163,7 +167,9 @@ def _objectives(value: Any, source: str) -> tuple[str, ...]:
     for i, item in enumerate(value):
         parts = item.split() if isinstance(item, str) else []
         if len(parts) != 2 or parts[0] not in ("max", "min"):
-            raise UsageError(f"{source}: objectives[{i}]: must be \"max METRIC\" or \"min METRIC\", got {item!r}")
+            raise UsageError(
+                f'{source}: objectives[{i}]: must be "max METRIC" or "min METRIC", got {item!r}'
+            )
         out.append(f"{parts[0]} {parts[1]}")
     return tuple(out)
 

@@ -60,14 +60,23 @@ def read_gpu(index: int = 0) -> GpuState | None:
         nv.nvmlShutdown()
 
 
-def wait_until_free(index: int, baseline_used: int, timeout_s: float, slack_bytes: int = 512 * 2**20,
-                    poll_s: float = 1.0, known_pids: tuple[int, ...] = ()) -> GpuState | None:
+def wait_until_free(
+    index: int,
+    baseline_used: int,
+    timeout_s: float,
+    slack_bytes: int = 512 * 2**20,
+    poll_s: float = 1.0,
+    known_pids: tuple[int, ...] = (),
+) -> GpuState | None:
     """Wait until no compute process but `known_pids` (the tuner's own ballast, as NVML names
     it) holds GPU `index` and its memory is back near baseline."""
     deadline = time.monotonic() + timeout_s
     state = read_gpu(index)
     while state is not None:
-        if not set(state.pids) - set(known_pids) and state.used_bytes <= baseline_used + slack_bytes:
+        if (
+            not set(state.pids) - set(known_pids)
+            and state.used_bytes <= baseline_used + slack_bytes
+        ):
             return state
         if time.monotonic() > deadline:  # the machine's state, not the input: exit 3, re-queued
             raise FaultError(

@@ -8,7 +8,8 @@ and sleeps; every server then sees the small card's free memory, and its cudaMal
 it would fail there.  The ballast lives in its own process group, dies with the tuner
 (PR_SET_PDEATHSIG), and is stopped on every exit path.
 
-Run as `python -m tuner.server.memcap --gpu N --leave BYTES`: allocates until the device's free memory
+Run as `python -m tuner.server.memcap --gpu N --leave BYTES`: allocates until the device's free
+memory
 is at most BYTES, prints `ready HELD_BYTES FREE_BYTES` and sleeps until it is killed.
 """
 
@@ -26,11 +27,11 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
-from tuner.search.bounds import parse_size
 from tuner.errors import UsageError
+from tuner.search.bounds import parse_size
+from tuner.search.space import SearchSpace
 from tuner.server.gpu import GpuState, read_gpu
 from tuner.server.process import die_with_parent, stop_group
-from tuner.search.space import SearchSpace
 
 CHUNK_BYTES = 1 << 30
 MIN_CHUNK_BYTES = 16 << 20
@@ -43,7 +44,9 @@ class Held:
 
     held_bytes: int
     free_bytes: int
-    state: GpuState | None  # NVML after the ballast is up: its pids and used memory are the new idle
+    state: (
+        GpuState | None
+    )  # NVML after the ballast is up: its pids and used memory are the new idle
 
 
 @dataclass(frozen=True)
@@ -81,7 +84,9 @@ def memory_cap(space: SearchSpace, cap: str | None, gpu: GpuState | None,
         raise UsageError("--gpu-memory-cap: NVML does not see the GPU, so the memory above the "
                          "cap cannot be held (or use --simulate)")
     with hold(gpu, parse_size(cap)) as held:
-        yield CapSetup(env={}, idle=held.state, held_bytes=held.held_bytes, free_bytes=held.free_bytes)
+        yield CapSetup(
+            env={}, idle=held.state, held_bytes=held.held_bytes, free_bytes=held.free_bytes
+        )
 
 
 def target_free(cap_bytes: int, state: GpuState) -> int:
@@ -100,9 +105,14 @@ def hold(state: GpuState, cap_bytes: int, python: str = sys.executable) -> Itera
     leave = target_free(cap_bytes, state)
     # NVML numbers GPUs by PCI bus; CUDA does too only when told
     env = {**os.environ, "CUDA_DEVICE_ORDER": "PCI_BUS_ID", "CUDA_VISIBLE_DEVICES": str(gpu_index)}
-    proc = subprocess.Popen([python, "-m", "tuner.server.memcap", "--gpu", "0", "--leave", str(leave)],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env,
-                            start_new_session=True, preexec_fn=die_with_parent())
+    proc = subprocess.Popen(
+        [python, "-m", "tuner.server.memcap", "--gpu", "0", "--leave", str(leave)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=env,
+        start_new_session=True,
+        preexec_fn=die_with_parent(),
+    )
     try:
         held, free = _wait_ready(proc)
         yield Held(held_bytes=held, free_bytes=free, state=read_gpu(gpu_index))
@@ -153,12 +163,17 @@ def _fill(leave: int) -> list[Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m tuner.server.memcap", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(
+        prog="python -m tuner.server.memcap", description=__doc__.split("\n\n")[0]
+    )
     p.add_argument("--gpu", type=int, default=0, help="CUDA device index (default: %(default)s)")
     p.add_argument("--leave", type=int, required=True, help="bytes of free memory to leave")
     args = p.parse_args(argv)
     if args.leave < 0:
-        print("--leave must be >= 0 (the cap is below what the idle card already uses)", file=sys.stderr)
+        print(
+            "--leave must be >= 0 (the cap is below what the idle card already uses)",
+            file=sys.stderr,
+        )
         return 2
     import torch
 

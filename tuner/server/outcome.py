@@ -66,7 +66,7 @@ def _exit_text(code: int) -> str:
     return f"exit status {code}"
 
 
-def classify(ev: Evidence, patterns: Mapping[str, Iterable[str]]) -> Outcome:
+def classify(ev: Evidence, patterns: Mapping[str, Iterable[str]]) -> Outcome:  # noqa: C901, PLR0911
     """Classify a trial; the order of checks is the order of certainty."""
     if ev.foreign_pids:
         return Outcome("gpu_busy", f"process(es) {list(ev.foreign_pids)} took the GPU during the "
@@ -84,11 +84,16 @@ def classify(ev: Evidence, patterns: Mapping[str, Iterable[str]]) -> Outcome:
             first_match(ev.log_text, patterns.get("crash", ()))
         how = _exit_text(ev.exit_code) if ev.exit_code is not None else \
             "no healthy answer within the start-up timeout; a slow server needs --startup-timeout"
-        return Outcome("startup", f"server never became healthy ({how})" + (f": {line}" if line else ""))
+        return Outcome(
+            "startup", f"server never became healthy ({how})" + (f": {line}" if line else "")
+        )
     crash_line = first_match(ev.log_text, patterns.get("crash", ()))
     if ev.exit_code is not None or crash_line:
         how = _exit_text(ev.exit_code) if ev.exit_code is not None else "crash in log"
-        return Outcome("crash", f"server died during the run ({how})" + (f": {crash_line}" if crash_line else ""))
+        return Outcome(
+            "crash",
+            f"server died during the run ({how})" + (f": {crash_line}" if crash_line else ""),
+        )
     unhealthy_line = first_match(ev.log_text, patterns.get("unhealthy", ()))
     if ev.health_failed or unhealthy_line or "unhealthy" in ev.cell_errors:
         return Outcome("unhealthy", "server turned unhealthy during the run"

@@ -13,8 +13,8 @@ import shutil
 from pathlib import Path
 
 from tuner.errors import UsageError
-from tuner.server.process import free_port
 from tuner.search.model import load_model_info
+from tuner.server.process import free_port
 from tuner.trial.context import HOST, TrialContext
 
 

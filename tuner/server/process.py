@@ -21,6 +21,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import IO
 
 import requests
 
@@ -98,7 +99,7 @@ class ServerProcess:
         self.base_url = f"http://{host}:{port}"
         self.log_path, self.record_path, self.cwd = log_path, record_path, cwd
         self.proc: subprocess.Popen[bytes] | None = None
-        self._log = None
+        self._log: IO[bytes] | None = None
 
     def start(self) -> None:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
@@ -181,7 +182,7 @@ class ServerProcess:
         except FileNotFoundError:
             return ""
 
-    def __enter__(self) -> "ServerProcess":
+    def __enter__(self) -> ServerProcess:
         self.start()
         return self
 
@@ -253,7 +254,9 @@ def _group_alive(pgid: int) -> bool:
     return bool(group_members(pgid))
 
 
-def stop_group(pgid: int, grace_s: float = 3.0, child: subprocess.Popen[bytes] | None = None) -> bool:
+def stop_group(
+    pgid: int, grace_s: float = 3.0, child: subprocess.Popen[bytes] | None = None
+) -> bool:
     """Stop a process group; True if something was running. Reaps `child` if given."""
     if not _group_alive(pgid):
         if child is not None:

@@ -50,7 +50,9 @@ class Engine:
     def __init__(self, model: ModelInfo, gpu: GpuProfile, cfg: SimConfig,
                  log: LogFn | None = None) -> None:
         self.model, self.gpu, self.cfg, self.knobs = model, gpu, cfg, cfg.knobs
-        self.memory = MemoryModel(model, gpu, cfg.num_blocks, cfg.block_size, cfg.enable_graph, cfg.tp)
+        self.memory = MemoryModel(
+            model, gpu, cfg.num_blocks, cfg.block_size, cfg.enable_graph, cfg.tp
+        )
         self.timer = StepTimer(model, gpu, cfg.enable_graph, cfg.tp)
         self._log = log or (lambda line: None)
         self._rng = np.random.default_rng(cfg.seed)

@@ -96,7 +96,7 @@ class SimServer:
     async def completions(self, request: web.Request) -> web.StreamResponse:
         return await self._complete(request, chat=False)
 
-    async def _complete(self, request: web.Request, chat: bool) -> web.StreamResponse:
+    async def _complete(self, request: web.Request, chat: bool) -> web.StreamResponse:  # noqa: PLR0911
         try:
             body = await request.json()
         except json.JSONDecodeError:

@@ -52,7 +52,9 @@ class StepTimer:
 
     @property
     def _step_overhead(self) -> float:
-        return self.gpu.graph_step_overhead_s if self.enable_graph else self.gpu.eager_step_overhead_s
+        return (
+            self.gpu.graph_step_overhead_s if self.enable_graph else self.gpu.eager_step_overhead_s
+        )
 
     def prefill(self, prompt_lens: list[int]) -> float:
         """One batched prefill of these prompts (causal attention: L^2 / 2 pairs each)."""

@@ -74,13 +74,15 @@ def run_to_budget(study: optuna.Study, objective: Callable[[optuna.Trial], Seque
     workers; stop early when `max_skips` unmeasured trials were added by this run or when
     `convergence` fires."""
     skips_before = unmeasured_count(study)
-    too_many = lambda: max_skips is not None and unmeasured_count(study) - skips_before >= max_skips
+
+    def too_many() -> bool:
+        return max_skips is not None and unmeasured_count(study) - skips_before >= max_skips
 
     def cap(study: optuna.Study, trial: optuna.trial.FrozenTrial) -> None:
         if TrialRecord.of(trial).unmeasured and too_many():
             study.stop()
 
-    extra = [cap, *([convergence] if convergence is not None else [])]
+    extra: list[Callback] = [cap, *([convergence] if convergence is not None else [])]
     while True:
         if convergence is not None and convergence.fired:
             return

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Mapping
+from typing import Any
 
 import optuna
 
@@ -22,7 +23,7 @@ DEPLOY_PORT = 8000
 
 def create_or_load(name: str, storage: optuna.storages.BaseStorage, ctx: TrialContext,
                    objectives: list[Objective], sampler: optuna.samplers.BaseSampler,
-                   gpu_desc: str, inputs: Mapping[str, str | None] | None = None) -> optuna.Study:
+                   gpu_desc: str, inputs: Mapping[str, Any] | None = None) -> optuna.Study:
     """The study `name`, created with this context's record if it is new; `inputs` (the
     workload file, simulator profile, memory cap as given) let `ablate` reuse them."""
     study = optuna.create_study(study_name=name, storage=storage, sampler=sampler,
@@ -65,7 +66,7 @@ def _check_workload_and_sampler(name: str, stored: StudyInfo, workload: str, sam
               f"{sampler} (give another --study name for a separate study)", file=sys.stderr)
 
 
-def _deployment(ctx: TrialContext) -> dict[str, object]:
+def _deployment(ctx: TrialContext) -> dict[str, Any]:
     """The real server's command and fixed flags, rendered once for the workload, so that
     best.env can say how to launch the tuned server even when the study ran on the simulator.
     Port 8000 stands in for the trials' random ports."""

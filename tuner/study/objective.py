@@ -29,7 +29,9 @@ if TYPE_CHECKING:
     from tuner.trial.pipeline import AdaptivePipeline
 
 
-def suggest(trial: optuna.Trial, ctx: TrialContext, exclude: tuple[str, ...] = ()) -> dict[str, Any]:
+def suggest(
+    trial: optuna.Trial, ctx: TrialContext, exclude: tuple[str, ...] = ()
+) -> dict[str, Any]:
     """Ask the sampler for one value per knob, through Optuna's public suggest API."""
     params: dict[str, Any] = {}
     for p in ctx.space.parameters:

@@ -126,6 +126,6 @@ _METHODS = sorted({n for base in (BaseStorage, BaseHeartbeat) for n in dir(base)
 for _name in _METHODS:
     setattr(RetryingStorage, _name, _delegate(_name))
 RetryingStorage.remove_session = (  # type: ignore[method-assign]
-    lambda self: self.inner.remove_session())
-abc.update_abstractmethods(RetryingStorage)
+    lambda self: self.inner.remove_session())  # type: ignore[attr-defined]
+abc.update_abstractmethods(RetryingStorage)  # type: ignore[type-abstract]
 

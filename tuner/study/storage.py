@@ -86,7 +86,7 @@ def open_storage(url: str, attempts: int = 5) -> optuna.storages.BaseStorage:
                 url, engine_kwargs=kwargs, heartbeat_interval=10, grace_period=30,
                 heartbeat_stale_trial_callback=optuna.storages.RetryHeartbeatStaleTrialCallback(
                     max_retry=3))
-            return RetryingStorage(_CachedStorage(rdb), url)
+            return RetryingStorage(_CachedStorage(rdb), url)  # type: ignore[abstract]
         except (sqlalchemy.exc.IntegrityError, sqlalchemy.exc.ProgrammingError) as exc:
             race = exc
             time.sleep(0.2 * (attempt + 1))
@@ -103,7 +103,9 @@ def latest_study(studies_dir: Path) -> str:
     """Name of the most recently modified study folder that has a study.db."""
     dbs = sorted(studies_dir.glob(f"*/{DB_NAME}"), key=lambda p: p.stat().st_mtime)
     if not dbs:
-        raise UsageError(f"no study found: no {studies_dir}/<name>/study.db (give --study or --storage)")
+        raise UsageError(
+            f"no study found: no {studies_dir}/<name>/study.db (give --study or --storage)"
+        )
     return dbs[-1].parent.name
 
 
@@ -136,4 +138,6 @@ def load(ref: StudyRef) -> optuna.Study:
         return optuna.load_study(study_name=ref.name, storage=ref.storage)
     except KeyError:
         names = optuna.get_all_study_names(storage=ref.storage)
-        raise UsageError(f"no study {ref.name!r} in {ref.storage} (found: {', '.join(names) or 'none'})") from None
+        raise UsageError(
+            f"no study {ref.name!r} in {ref.storage} (found: {', '.join(names) or 'none'})"
+        ) from None

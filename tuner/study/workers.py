@@ -19,7 +19,9 @@ def parse_gpus(text: str) -> list[int]:
     try:
         gpus = [int(x) for x in text.split(",") if x.strip()]
     except ValueError:
-        raise UsageError(f"--gpus: expected a comma-separated list of GPU indices, got '{text}'") from None
+        raise UsageError(
+            f"--gpus: expected a comma-separated list of GPU indices, got '{text}'"
+        ) from None
     if not gpus or len(set(gpus)) != len(gpus) or min(gpus) < 0:
         raise UsageError(f"--gpus: expected distinct non-negative GPU indices, got '{text}'")
     return gpus
@@ -30,7 +32,11 @@ def run_workers(worker_argv: list[str], gpus: list[int]) -> int:
     procs = []
     try:
         for gpu in gpus:
-            env = {**os.environ, "CUDA_DEVICE_ORDER": "PCI_BUS_ID", "CUDA_VISIBLE_DEVICES": str(gpu)}
+            env = {
+                **os.environ,
+                "CUDA_DEVICE_ORDER": "PCI_BUS_ID",
+                "CUDA_VISIBLE_DEVICES": str(gpu),
+            }
             procs.append(subprocess.Popen(
                 [sys.executable, "-m", "tuner.cli", *worker_argv, "--gpu-index", str(gpu)],
                 env=env, start_new_session=True, preexec_fn=die_with_parent()))

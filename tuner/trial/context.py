@@ -36,8 +36,15 @@ class TrialContext:
         """Simulated seconds per wall second: the time scale with --simulate, else 1."""
         return self.time_scale if self.simulate else 1.0
 
-    def render(self, params: dict[str, Any], *, port: int = 0, cells: Sequence[Cell] | None = None,
-               simulate: str | None = None, in_process: bool = False) -> tuple[list[str], dict[str, str]]:
+    def render(
+        self,
+        params: dict[str, Any],
+        *,
+        port: int = 0,
+        cells: Sequence[Cell] | None = None,
+        simulate: str | None = None,
+        in_process: bool = False,
+    ) -> tuple[list[str], dict[str, str]]:
         """The argv and environment a server gets for `params` on this study's workload.
 
         `simulate` overrides the study's simulator profile (the in-process runner); an

@@ -34,8 +34,12 @@ from tuner.bench.records import Cell
 from tuner.search.model import ModelInfo
 from tuner.search.space import Param, SearchSpace
 from tuner.study.record import KV_SHARE, TrialRecord, kv_value
-from tuner.trial.memory_estimate import (RUNTIME_HIGH_BYTES, estimate,
-                                         knobs_from_params, runtime_prior)
+from tuner.trial.memory_estimate import (
+    RUNTIME_HIGH_BYTES,
+    estimate,
+    knobs_from_params,
+    runtime_prior,
+)
 from tuner.trial.prescreen import HEALTHY, calibrated_runtime
 
 KV_ROLES = ("kv_tokens", "kv_blocks")
@@ -87,7 +91,9 @@ def calibrate(trials: Sequence[TrialRecord], capacity: int) -> Calibration:
             continue
         bound = (capacity - attr["weights"] - attr["pool"] - runtime) / attr["forward"]
         lo, hi = scale.get(attr["peak_cell"], (0.0, float("inf")))
-        scale[attr["peak_cell"]] = (max(lo, bound), hi) if outcome == "oom" else (lo, min(hi, bound))
+        scale[attr["peak_cell"]] = (
+            (max(lo, bound), hi) if outcome == "oom" else (lo, min(hi, bound))
+        )
     return Calibration(floor, scale)
 
 
@@ -108,7 +114,8 @@ class KvEdge:
 
     def _grid(self) -> tuple[int, int, int]:
         p = self.param
-        return int(p.low), int(p.high), int(p.step or 1)
+        low, high = p.bounds
+        return int(low), int(high), int(p.step or 1)
 
     def need(self, params: dict[str, Any], value: int, cal: Calibration, runtime: int) -> float:
         """The config's need with the calibrated runtime and forward scale."""
@@ -123,7 +130,9 @@ class KvEdge:
         cal = calibrate(trials, self.capacity)
         graph = knobs_from_params(self.space, params).cuda_graph
         runtime = calibrated_runtime(trials, graph)
-        fits = lambda n: self.need(params, low + n * step, cal, runtime) <= self.capacity
+
+        def fits(n: int) -> bool:
+            return self.need(params, low + n * step, cal, runtime) <= self.capacity
         return low + (_largest(fits, (high - low) // step) if fits(0) else 0) * step
 
     def value(self, params: dict[str, Any], share: float, trials: Sequence[TrialRecord]) -> int:
@@ -163,7 +172,7 @@ def runnable(space: SearchSpace, model: ModelInfo, capacity: int, cells: Sequenc
         runtime = RUNTIME_HIGH_BYTES + runtime_prior(knobs.cuda_graph) - runtime_prior(False)
         return estimate(model, knobs, list(cells), runtime=runtime).need <= capacity
 
-    low, step = int(p.low), int(p.step or 1)
+    low, step = int(p.bounds[0]), int(p.step or 1)
     value = int(params[p.name])
     if fits(value):
         return params

@@ -2,7 +2,8 @@
 
 Why: an OOM found late costs a server start plus every cell run before it.  A config whose
 memory need is hopeless can be told to the sampler as infeasible without a launch
-(`tuner.trial.prescreen`).  This estimate never calls the simulator's memory model: on a real GPU there
+(`tuner.trial.prescreen`).  This estimate never calls the simulator's memory model: on a real
+GPU there
 is none.  It is deliberately simple and errs low; `tuner.trial.prescreen` calibrates it online from
 the study's own OOMs and healthy runs (and from the measured idle memory when one is known).
 
@@ -91,13 +92,18 @@ def knobs_from_params(space: SearchSpace, params: dict[str, Any]) -> Knobs:
     elif tokens is not None:  # what --num-blocks really holds
         tokens = blocks_to_tokens(tokens_to_blocks(tokens, block), block)
     return Knobs(
-        kv_tokens=None if tokens is None else int(tokens), block_size=int(block),
-        max_batch=by_role.get("max_batch"), prefill_cap=by_role.get("prefill_batch_cap"),
-        decode_cap=by_role.get("decode_batch_cap"), token_budget=by_role.get("prefill_token_budget"),
-        cuda_graph=bool(by_role.get("cuda_graph")), long_threshold=by_role.get("long_threshold"),
+        kv_tokens=None if tokens is None else int(tokens),
+        block_size=int(block),
+        max_batch=by_role.get("max_batch"),
+        prefill_cap=by_role.get("prefill_batch_cap"),
+        decode_cap=by_role.get("decode_batch_cap"),
+        token_budget=by_role.get("prefill_token_budget"),
+        cuda_graph=bool(by_role.get("cuda_graph")),
+        long_threshold=by_role.get("long_threshold"),
         long_max_batch=by_role.get("long_max_batch"),
         long_use_total_len=bool(by_role.get("long_use_total_len")),
-        decode_first=bool(by_role.get("decode_first")))
+        decode_first=bool(by_role.get("decode_first")),
+    )
 
 
 @dataclass(frozen=True)
@@ -124,9 +130,11 @@ class Estimate:
 
 
 def act_bytes_per_token(model: ModelInfo) -> int:
-    """Transient bytes one token adds to a forward (logits in fp32 dominate for big vocabularies)."""
-    return (model.vocab * LOGIT_BYTES
-            + (MLP_TENSORS * model.intermediate + HIDDEN_TENSORS * model.hidden) * model.dtype_bytes)
+    """Transient bytes one token adds to a forward (fp32 logits dominate for big vocabularies)."""
+    return (
+        model.vocab * LOGIT_BYTES
+        + (MLP_TENSORS * model.intermediate + HIDDEN_TENSORS * model.hidden) * model.dtype_bytes
+    )
 
 
 def runtime_prior(cuda_graph: bool) -> int:

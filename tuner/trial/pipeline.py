@@ -5,7 +5,8 @@ duplicates, `record`); this owns what happens to one config between "the sampler
 and "here is its TrialResult", so either side can change without the other.
 
 The runner is pluggable (`Runner`): `tuner.trial.run.run_trial` launches a real or simulated server;
-`tuner.trial.inprocess.run_in_process` drives the simulator in-process (benchmarks, tests).  Both take
+`tuner.trial.inprocess.InProcessRunner` drives the simulator in-process (benchmarks, tests).
+Both take
 the cells in the order given and honour `keep_going`.
 """
 

@@ -1,14 +1,16 @@
 """Memory pre-screen: record hopeless configs as infeasible without launching a server.
 
 Why: an OOM costs a server start (a minute for an 8B model) plus the cells before it.  The
-estimate (`tuner.trial.memory_estimate`) is rough, so the decision is calibrated on the study's own evidence:
+estimate (`tuner.trial.memory_estimate`) is rough, so the decision is calibrated on the study's
+own evidence:
 
 * runtime overhead: once a server was seen idle (`idle_bytes`: NVML on a real card, the
   simulator's figure in simulation), the measured idle - weights - pool replaces the prior,
   per CUDA-graph setting (the other setting is shifted by the prior's difference);
 * margin: before any evidence a config is skipped only when its need exceeds the card by
   `PRIOR_MARGIN` (the estimate errs low, so this skips only the certain cases).  An OOM at need N
-  lowers the bar to N (+ OOM_MARGIN of the card) for configs whose largest forward comes from the same cell (the same
+  lowers the bar to N (+ OOM_MARGIN of the card) for configs whose largest forward comes from
+  the same cell (the same
   failure mechanism: a long prefill and a wide decode are estimated with different errors, so
   comparing needs across mechanisms skipped healthy configs in the benchmark); a
   healthy run at need H raises it to at least H: a config whose need is at or below one seen
@@ -70,7 +72,11 @@ def calibrated_runtime(trials: Sequence[TrialRecord], cuda_graph: bool) -> int:
         return int(statistics.median(seen[cuda_graph]))
     other = seen[not cuda_graph]
     if other:
-        return int(statistics.median(other)) + runtime_prior(cuda_graph) - runtime_prior(not cuda_graph)
+        return (
+            int(statistics.median(other))
+            + runtime_prior(cuda_graph)
+            - runtime_prior(not cuda_graph)
+        )
     return runtime_prior(cuda_graph)
 
 

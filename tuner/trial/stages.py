@@ -100,7 +100,11 @@ def screen_verdict(screen: dict[str, float], trials: Sequence[TrialRecord],
                                   f"({optimistic[m]:.4g})", {**screen, **optimistic})
     opt_values = [optimistic[o.metric] for o in objectives]
     if not on_front(opt_values, full, objectives):
-        return Verdict(False, "cannot enter the Pareto front: optimistic full-matrix values "
-                              + ", ".join(f"{o.metric}={optimistic[o.metric]:.4g}" for o in objectives)
-                              + " are dominated by a fully-run trial", estimate)
+        return Verdict(
+            False,
+            "cannot enter the Pareto front: optimistic full-matrix values "
+            + ", ".join(f"{o.metric}={optimistic[o.metric]:.4g}" for o in objectives)
+            + " are dominated by a fully-run trial",
+            estimate,
+        )
     return Verdict(True, "could enter the Pareto front", estimate)

@@ -1,4 +1,5 @@
-"""`python -m tuner.server.launchers.transformers_serve serve MODEL ...`: `transformers serve` plus two
+"""`python -m tuner.server.launchers.transformers_serve serve MODEL ...`: `transformers serve`
+plus two
 things its command line lacks.
 
 - A GPU memory cap, `TUNER_GPU_MEMORY_CAP_GIB`: to tune for a 24 GiB card on a 141 GiB one the
