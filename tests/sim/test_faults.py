@@ -66,12 +66,8 @@ def _trial(tmp_path: Path, monkeypatch, fault: str, **kw):
 
 
 @pytest.mark.parametrize("fault, kind, first_error", [
-    ("http500", "flaky", "HTTP 500"), pytest.param("cut", "protocol", "connection closed mid-stream", marks=pytest.mark.skip(
-        reason="known open bug: the client now and then hangs after a cut stream "
-               "(tests/bench/test_malformed.py run_kind)")),
-    pytest.param("malformed", "protocol", "event is not JSON", marks=pytest.mark.skip(
-        reason="known open bug: the client now and then hangs after a malformed event "
-               "(tests/bench/test_malformed.py run_kind)"))])
+    ("http500", "flaky", "HTTP 500"), ("cut", "protocol", "connection closed mid-stream"),
+    ("malformed", "protocol", "event is not JSON")])
 def test_two_failed_requests_of_eight_fail_the_trial(tmp_path, monkeypatch, fault, kind,
                                                     first_error):
     """5xx answers beside successes: flaky; a request broken inside its stream: protocol."""

@@ -13,6 +13,8 @@ from collections.abc import Callable
 
 import aiohttp
 
+from tuner.aio import wait_event
+
 UNHEALTHY = "unhealthy"
 SERVER_DIED = "server_died"
 HANG = "hang"
@@ -98,10 +100,7 @@ class HealthWatch:
                 else:
                     self.flaps += int(bad > 0)
                     timeouts = bad = 0
-                try:
-                    await asyncio.wait_for(self._kick.wait(), POLL_INTERVAL_S)
-                except asyncio.TimeoutError:
-                    pass
+                await wait_event(self._kick, POLL_INTERVAL_S)
                 self._kick.clear()
         finally:
             self.flaps += int(bad > 0)

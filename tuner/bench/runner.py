@@ -21,6 +21,7 @@ from typing import Any
 
 from tqdm import tqdm
 
+from tuner.aio import cancel_and_wait
 from tuner.bench.client import (
     ABORTED,
     CONNECTION_ERROR,
@@ -190,10 +191,7 @@ async def _open_loop(
         if tasks:
             await asyncio.gather(*tasks)
     finally:
-        for task in list(tasks):
-            task.cancel()
-        if tasks:
-            await asyncio.gather(*tasks, return_exceptions=True)
+        await cancel_and_wait(tasks)
 
 
 def _failed_requests(records: Sequence[RequestRecord],
@@ -240,9 +238,7 @@ async def _run_cell(client: StreamClient, cell: Cell, payloads: Payloads, *,  # 
         try:
             await asyncio.wait([driver, helpers[0]], return_when=asyncio.FIRST_COMPLETED)
         finally:
-            for task in (driver, *helpers):
-                task.cancel()
-            await asyncio.gather(driver, *helpers, return_exceptions=True)
+            await cancel_and_wait([driver, *helpers])
         wall = time.perf_counter() - start
     records = run.records
     for rec in records:

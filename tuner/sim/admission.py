@@ -31,6 +31,8 @@ import asyncio
 import time
 from dataclasses import dataclass
 
+from tuner.aio import wait_event
+
 PLAN_HEADER = "X-Tuner-Sim-Plan"
 # Wall seconds a hold waits at most: far above a loopback round trip on a loaded machine (a few
 # ms; it only runs out when a client is gone, or at the end of a plan without a known total).
@@ -121,10 +123,7 @@ class Admission:
 
     async def wait(self, timeout: float) -> None:
         """Sleep up to `timeout`, waking as soon as a hold is released."""
-        try:
-            await asyncio.wait_for(self._wake.wait(), timeout)
-        except asyncio.TimeoutError:
-            pass
+        await wait_event(self._wake, timeout)
         self._wake.clear()
 
     def _start(self, pid: str, at: float, expected: int, from_wall: float) -> None:
