@@ -65,12 +65,20 @@ def test_serve_binds_loopback_by_default(studies, monkeypatch):
     seen = {}
 
     def fake_run_server(storage, host, port):
-        seen.update(storage=storage, host=host, port=port)
-        raise KeyboardInterrupt
+        seen.update(storage=storage, host=host, port=port)  # and the server ends
 
     monkeypatch.setattr("optuna_dashboard.run_server", fake_run_server)
     assert run_cli(["inspect", "--studies-dir", str(studies), "--serve"]) == 0
     assert seen == {"storage": f"sqlite:///{studies / 'demo' / 'study.db'}", "host": "127.0.0.1", "port": 8080}
+
+
+def test_serve_on_a_busy_port_is_a_clear_error(studies, monkeypatch, capsys):
+    def busy(storage, host, port):
+        raise OSError(98, "Address already in use")
+
+    monkeypatch.setattr("optuna_dashboard.run_server", busy)
+    assert run_cli(["inspect", "--studies-dir", str(studies), "--serve", "--port", "8099"]) == 2
+    assert "cannot serve on 127.0.0.1:8099" in capsys.readouterr().err
 
 
 def test_serve_without_dashboard_is_a_clear_error(studies, monkeypatch, capsys):
@@ -85,9 +93,6 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.mark.skip(reason="flaky: optuna-dashboard sometimes outlives SIGINT by over 60 s "
-                         "(seen with and without load, also before this round); the dashboard API "
-                         "itself is tested in tests/test_dashboard_api.py")
 def test_serve_runs_in_the_foreground_until_ctrl_c_and_shows_the_figures(studies):
     assert run_cli(["inspect", "--studies-dir", str(studies)]) == 0  # stores the figures
     port = _free_port()

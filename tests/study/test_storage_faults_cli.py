@@ -74,8 +74,6 @@ def _trials(db: Path) -> list[optuna.trial.FrozenTrial]:
         storage.engine.dispose()
 
 
-@pytest.mark.skip(reason="flaky: one worker now and then exits 1, cause not found yet "
-                         "(its stderr tail is printed when it fails)")
 def test_two_workers_on_one_sqlite_study_share_it_safely(tmp_path):
     argv = _argv(tmp_path, tmp_path / "studies", 6)
     procs = [subprocess.Popen(argv + ["--seed", str(i)], env=_env(), cwd=ROOT,

@@ -6,7 +6,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import signal
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -16,7 +15,7 @@ import optuna
 
 from tuner.commands.pick_args import SLO_HELP, add_pick_args, pick_trial
 from tuner.errors import UsageError
-from tuner.output import export, report
+from tuner.output import dashboard, export, report
 from tuner.output.knob_check import describe, knob_report
 from tuner.output.result import result_lines
 from tuner.output.select import Choice, feasible_front, study_objectives
@@ -108,29 +107,6 @@ def as_table(study: optuna.Study, pareto: Sequence[int], choice: Choice | None) 
     return "\n".join([text, "", tail + "  [* Pareto, > chosen; '-' = not measured]"])
 
 
-def serve(storage: str, host: str, port: int) -> int:
-    """optuna-dashboard in the foreground until Ctrl-C."""
-    try:
-        from optuna_dashboard import run_server
-    except ImportError:
-        raise UsageError("--serve needs optuna-dashboard: "
-                         "pip install 'llm-server-tuner[dashboard]' "
-                         "(or pip install optuna-dashboard)") from None
-    print(
-        f"optuna-dashboard on http://{host}:{port}/ for {storage} (Ctrl-C to stop)", file=sys.stderr
-    )
-    # A process started from a script's background job inherits SIGINT ignored; Ctrl-C is the
-    # documented way to stop the dashboard, so take it back.
-    signal.signal(signal.SIGINT, signal.default_int_handler)
-    try:
-        run_server(storage, host=host, port=port)
-    except KeyboardInterrupt:
-        pass
-    except OSError as exc:
-        raise UsageError(f"cannot serve on {host}:{port}: {exc}") from None
-    return 0
-
-
 def _print_result(study: optuna.Study, choice: Choice | None) -> None:
     """The block `tune` ends with; a study that cannot be exported (no recorded argv) has none."""
     if choice is None:
@@ -145,7 +121,7 @@ def run(args: argparse.Namespace) -> int:
     """Inspect a study; UsageError for anything the user can fix."""
     ref = studyref.resolve(args)
     if args.serve:
-        return serve(ref.storage, args.host, args.port)
+        return dashboard.serve(ref.storage, args.host, args.port)
     study = studyref.load(ref)
     trials = records(study)
     pareto = [t.number for t in feasible_front(trials, study_objectives(study))]
