@@ -15,13 +15,13 @@ import itertools
 import random
 import sys
 import time
-import uuid
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from tqdm import tqdm
 
 from tuner.aio import cancel_and_wait
+from tuner.bench.cell_errors import HTTP_ERROR_CELL, cell_duration, failed_requests
 from tuner.bench.client import (
     ABORTED,
     CONNECTION_ERROR,
@@ -35,23 +35,14 @@ from tuner.bench.client import (
 from tuner.bench.health import HANG, SERVER_DIED, UNHEALTHY, HealthWatch, stall_watch
 from tuner.bench.health import time_scale as sim_time_scale
 from tuner.bench.metrics import cell_metrics
-from tuner.bench.prompts import PromptMaker, render_prompt
+from tuner.bench.payloads import Payloads, payloads
+from tuner.bench.prompts import PromptMaker
 from tuner.bench.records import Cell, CellResult, RequestRecord, Warmup
 
-HTTP_ERROR_CELL = "http_error"  # requests failed and none succeeded: the workload is refused
-PARTIAL_CELL = "partial"        # some requests failed while others succeeded: a flaky server
 CUT_SHORT = "cut_short"  # a capacity step ended early by its watch: the server is fine
-SIM_PLAN_HEADER = "X-Tuner-Sim-Plan"  # tuner.sim.admission reads it
-# requests failed inside accepted streams (a broken stream or an error event) while the server
-# stayed healthy: its figures cannot be trusted
-PROTOCOL_CELL = "protocol"
 FATAL = (UNHEALTHY, SERVER_DIED, HANG)  # the server is gone: later cells are not run
-Payloads = tuple[list[bytes], "list[float] | None"]  # request bytes, a trace's arrival offsets
 # (records so far, waiting times in ms of those without a first token) -> end the cell now
 CellWatch = Callable[[list[RequestRecord], list[float]], bool]
-# Distinct prompts per cell; beyond this they repeat (far apart, so prefix caches rarely help),
-# and building them never happens while the cell is being measured.
-MAX_PROMPT_POOL = 512
 # asyncio wakes timers up to a millisecond late (epoll's timeout is in ms): the last stretch
 # before a scheduled send is spent yielding to the loop instead, so sends land on time.
 SPIN_S = 0.002
@@ -194,28 +185,6 @@ async def _open_loop(
         await cancel_and_wait(tasks)
 
 
-def _failed_requests(records: Sequence[RequestRecord],
-                     failed: list[RequestRecord]) -> tuple[str, str]:
-    """The cell's error when requests failed while the server stayed up: "protocol" when any
-    failed inside an accepted stream; else "partial" (a flaky server) when others succeeded, and
-    "http_error" (refused) when none did.  The reason names the first failure of that kind."""
-    broken = [r for r in failed if r.error_class in (PROTOCOL_ERROR, STREAM_ERROR)]
-    if broken:
-        cls = PROTOCOL_CELL
-    else:
-        cls = PARTIAL_CELL if len(failed) < len(records) else HTTP_ERROR_CELL
-    first = (broken or failed)[0]
-    return cls, f"{len(failed)} of {len(records)} requests failed; first: {first.error}"
-
-
-def _duration(records: Sequence[RequestRecord], wall_s: float) -> float:
-    """Simulated records measure the cell on the simulator's clock, otherwise the wall clock."""
-    sim = [r for r in records if r.sim and r.token_times]
-    if sim:
-        return max(r.token_times[-1] for r in sim) - min(r.send_time for r in sim)
-    return wall_s
-
-
 async def _run_cell(client: StreamClient, cell: Cell, payloads: Payloads, *,  # noqa: PLR0913
                     health: HealthWatch | None, rng: random.Random, time_scale: float,
                     stall_timeout_s: float, slo_ms: Mapping[str, float] | None, progress: bool,
@@ -248,40 +217,11 @@ async def _run_cell(client: StreamClient, cell: Cell, payloads: Payloads, *,  # 
     error_class, error = run.error_class, run.error
     failed = [r for r in records if not r.ok]
     if error_class is None and failed:
-        error_class, error = _failed_requests(records, failed)
-    duration = _duration(records, wall * time_scale)
+        error_class, error = failed_requests(records, failed)
+    duration = cell_duration(records, wall * time_scale)
     flaps = health.flaps - flaps_before if health is not None else 0
     return CellResult(cell, records, duration, cell_metrics(records, duration, slo_ms), error_class,
                       error, health_flaps=flaps)
-
-
-def _plan(cell: Cell, total: int) -> dict[str, str]:
-    """A simulated server's `X-Tuner-Sim-Plan` for a closed-loop cell (tuner.sim.admission): the
-    requests it keeps in flight and sends in all, so that the server waits for each wave instead of
-    turning the client's wall-clock jitter into simulated time.  Open loop: none."""
-    if cell.request_rate is not None:
-        return {}
-    streams = min(cell.concurrency, total) if total else cell.concurrency
-    return {SIM_PLAN_HEADER: f"{uuid.uuid4().hex[:12]} {streams} {total}"}
-
-
-def _payloads(client: StreamClient, maker: PromptMaker, cell: Cell, rng: random.Random,
-              seed: int = 0, sim: bool = False) -> Payloads:
-    """The requests, built before the cell starts, and a trace's arrival offsets."""
-    if cell.source is not None:
-        specs = cell.source.requests(seed, maker)
-        trace = specs[0].arrival_s is not None
-        headers = _plan(cell, len(specs)) if sim and not trace else None
-        shared: dict[tuple[str, int], str] = {}
-        data = [client.prepare(render_prompt(s, maker, rng, shared), s.output_len, headers)
-                for s in specs]
-        return data, [s.arrival_s or 0.0 for s in specs] if trace else None
-    n = max(2 * cell.concurrency, min(cell.num_prompts or MAX_PROMPT_POOL, MAX_PROMPT_POOL))
-    if cell.num_prompts is not None:
-        n = min(n, cell.num_prompts)
-    headers = _plan(cell, cell.num_prompts or 0) if sim else None
-    return [client.prepare(maker.make(cell.input_len, rng), cell.output_len, headers)
-            for _ in range(max(n, 1))], None
 
 
 async def run_cells_async(  # noqa: PLR0913
@@ -316,20 +256,19 @@ async def run_cells_async(  # noqa: PLR0913
         sim = await health.sim() if health is not None else None
         run = functools.partial(_run_cell, client, health=health, time_scale=sim_time_scale(sim),
                                 stall_timeout_s=stall_timeout_s, slo_ms=slo_ms, progress=progress)
+        build = functools.partial(payloads, client, maker, sim=sim is not None)
         if warmup is not None and warmup.requests > 0:
             wcell = Cell(warmup.requests, warmup.input_len, warmup.output_len,
                          num_prompts=warmup.requests)
             wrng = random.Random(f"{seed}:warmup")
-            await run(wcell, _payloads(client, maker, wcell, wrng, sim=sim is not None), rng=wrng,
-                      label="warm-up")
+            await run(wcell, build(wcell, wrng), rng=wrng, label="warm-up")
         for index, cell in enumerate(cells):
             rng = random.Random(f"{seed}:{index}")
-            payloads = _payloads(client, maker, cell, rng, seed + index, sim=sim is not None)
-            result = await run(cell, payloads, rng=rng, watch=watch() if watch else None)
-            results.append(result)
+            results.append(await run(cell, build(cell, rng, seed + index), rng=rng,
+                                     watch=watch() if watch else None))
             if on_cell is not None:
-                on_cell(result)
-            if result.error_class in FATAL:
+                on_cell(results[-1])
+            if results[-1].error_class in FATAL:
                 break
     finally:
         client.close()
