@@ -104,7 +104,7 @@ def test_ablate_takes_model_space_workload_and_simulator_from_the_study(tmp_path
     import optuna
 
     from tuner.commands.ablate import from_study
-    from tuner.study.record import StudyInfo
+    from tuner.study.study_record import StudyInfo
     studies = tmp_path / "studies"
     assert main(["tune", "--model", MODEL, "--simulate", "RTX4090", "--time-scale", "50",
                  "--trials", "1", "--study", "a", "--studies-dir", str(studies),

@@ -19,12 +19,13 @@ from tuner.output.select import study_objectives
 from tuner.paths import shipped, space_file
 from tuner.search.bounds import resolve_space
 from tuner.search.model import load_model_info
+from tuner.search.space import SearchSpace
 from tuner.search.space_file import load_space
 from tuner.search.workload import load_workload
 from tuner.server.gpu import read_gpu
 from tuner.server.memcap import memory_cap
 from tuner.study import storage as studyref
-from tuner.study.record import StudyInfo, set_ablation
+from tuner.study.study_record import StudyInfo, set_ablation
 from tuner.trial.context import TrialContext
 
 
@@ -73,6 +74,16 @@ def from_study(args: argparse.Namespace, info: StudyInfo) -> None:
                              f"give --{key}")
 
 
+def _knobs(option: str | None, space: SearchSpace) -> list[str]:
+    """The knobs `--knobs` names (all of the space's without it), each checked to exist."""
+    known = [p.name for p in space.parameters]
+    names = [k.strip() for k in option.split(",")] if option else known
+    unknown = [n for n in names if n not in known]
+    if unknown:
+        raise UsageError(f"--knobs: unknown knob(s) {', '.join(unknown)} in {space.path}")
+    return names
+
+
 def run(args: argparse.Namespace) -> int:
     if args.repeats < 2:
         raise UsageError("--repeats must be at least 2 (the noise needs two runs)")
@@ -86,14 +97,7 @@ def run(args: argparse.Namespace) -> int:
     model = load_model_info(args.model)
     gpu = read_gpu(0) if not args.simulate else None
     space = resolve_space(space, model, capacity_bytes(args, gpu), workload.cells)
-    names = (
-        [k.strip() for k in args.knobs.split(",")]
-        if args.knobs
-        else [p.name for p in space.parameters]
-    )
-    unknown = [n for n in names if n not in {p.name for p in space.parameters}]
-    if unknown:
-        raise UsageError(f"--knobs: unknown knob(s) {', '.join(unknown)} in {space.path}")
+    names = _knobs(args.knobs, space)
     metrics = [o.metric for o in study_objectives(study)]
     with memory_cap(space, args.gpu_memory_cap, gpu, simulate=args.simulate is not None) as cap:
         ctx = TrialContext(space=space, workload=workload, model_dir=args.model,

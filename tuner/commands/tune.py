@@ -49,9 +49,10 @@ from tuner.sim.nvml import SIM_NVML_ENV
 from tuner.study.budget import Convergence, finished, run_to_budget
 from tuner.study.create import create_or_load
 from tuner.study.objective import TrialObjective
-from tuner.study.record import Stage, TrialRecord, records, set_bounds
+from tuner.study.record import Stage, TrialRecord, records
 from tuner.study.sampler import SAMPLERS, enqueue_grid, make_sampler, run_seed
 from tuner.study.storage import open_storage, sqlite_path, storage_url
+from tuner.study.study_record import set_bounds
 from tuner.study.workers import parse_gpus, run_workers
 from tuner.trial.context import TrialContext
 from tuner.trial.pipeline import AdaptivePipeline

@@ -22,7 +22,8 @@ from tuner.errors import UsageError
 from tuner.output import envfile
 from tuner.output.ablation import NO_EFFECT
 from tuner.output.select import Choice, study_objectives
-from tuner.study.record import StudyInfo, TrialRecord
+from tuner.study.record import TrialRecord
+from tuner.study.study_record import StudyInfo
 
 FORMATS = ("env", "json", "yaml")
 # metrics worth a header line; json/yaml carry them all

@@ -21,7 +21,8 @@ import optuna
 from optuna.importance import FanovaImportanceEvaluator, get_param_importances
 from optuna.trial import FrozenTrial, TrialState
 
-from tuner.study.record import KV_SHARE, StudyInfo, TrialRecord
+from tuner.study.record import KV_SHARE, TrialRecord
+from tuner.study.study_record import StudyInfo
 
 MIN_TRIALS = 5
 

@@ -22,7 +22,8 @@ from tuner.output import envfile, figures
 from tuner.output.knob_check import knob_report
 from tuner.output.load_curves import load_curves
 from tuner.output.select import Choice, study_objectives
-from tuner.study.record import StudyInfo, TrialRecord, records
+from tuner.study.record import TrialRecord, records
+from tuner.study.study_record import StudyInfo
 
 _ONERROR = """<script>
 (function(){function rec(msg){var b=document.body;var e=JSON.parse(b.dataset.jsErrors||"[]");

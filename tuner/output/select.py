@@ -30,7 +30,8 @@ from tuner.errors import UsageError
 from tuner.search.objectives import Objective
 from tuner.search.slo import SloTerm, check_known, term_value, total_violation
 from tuner.study import pareto
-from tuner.study.record import StudyInfo, TrialRecord, records
+from tuner.study.record import TrialRecord, records
+from tuner.study.study_record import StudyInfo
 
 PICKS = ("knee", "max-throughput", "min-ttft", "min-tpot", "slo")
 PICK_METRICS = {"max-throughput": ("output_throughput", True), "min-ttft": ("p99_ttft_ms", False),

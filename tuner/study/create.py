@@ -15,7 +15,7 @@ import optuna
 from tuner import __version__
 from tuner.errors import UsageError
 from tuner.search.objectives import Objective, unit
-from tuner.study.record import StudyInfo, write_study_info
+from tuner.study.study_record import StudyInfo, write_study_info
 from tuner.trial.context import HOST, TrialContext
 
 DEPLOY_PORT = 8000

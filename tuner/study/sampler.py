@@ -16,7 +16,8 @@ import optuna
 from tuner.errors import UsageError
 from tuner.search.grid import grid_configs
 from tuner.search.space import SearchSpace
-from tuner.study.record import config_key, enqueued_keys, grid_seed
+from tuner.study.record import config_key, enqueued_keys
+from tuner.study.study_record import grid_seed
 
 SAMPLERS = ("auto", "gp", "tpe", "nsga2", "random", "grid")
 
