@@ -220,3 +220,11 @@ def test_calibration_script_passes():
         assert mod["main"]() == 0
     finally:
         sys.argv = argv
+
+
+def test_help_exits_0_and_a_bad_flag_is_a_usage_error(capsys):
+    with pytest.raises(SystemExit) as exc:
+        parse_config(["--help"], {})
+    assert exc.value.code == 0 and "--time-scale" in capsys.readouterr().out
+    with pytest.raises(UsageError, match="bad simulator arguments: --bogus"):
+        parse_config(["--bogus"], {})

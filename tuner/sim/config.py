@@ -124,7 +124,9 @@ def parse_config(argv: Sequence[str], env: Mapping[str, str]) -> SimConfig:
     parser = build_parser()
     try:
         ns = parser.parse_args(_strip_program(argv))
-    except SystemExit:
+    except SystemExit as exc:
+        if exc.code == 0:  # --help: printed, nothing to run
+            raise
         raise UsageError(f"bad simulator arguments: {' '.join(argv)}") from None
     for flag in ("tp", "max_new_tokens", "num_blocks", "block_size", "max_batch_size"):
         if getattr(ns, flag) < 1:
