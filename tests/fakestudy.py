@@ -117,8 +117,10 @@ def make_trial(number: int, params: dict[str, Any], *, outcome: str = "ok", rng:
 
 
 def make_study(storage: str | None = None, name: str = "demo", *, n_ok: int = 10, n_fail: int = 4,
-               seed: int = 0, study_dir: Path | None = None, all_fail: bool = False) -> optuna.Study:
-    """A study with a default trial, `n_ok` ok trials and `n_fail` oom/crash trials."""
+               seed: int = 0, study_dir: Path | None = None, all_fail: bool = False,
+               default_outcome: str | None = None) -> optuna.Study:
+    """A study with a default trial (outcome `default_outcome`, else ok), `n_ok` ok trials and
+    `n_fail` oom/crash trials."""
     rng = random.Random(seed)
     study = optuna.create_study(storage=storage, study_name=name, directions=DIRECTIONS)
     for key, value in {
@@ -130,7 +132,8 @@ def make_study(storage: str | None = None, name: str = "demo", *, n_ok: int = 10
         study.set_user_attr(key, value)
     default = {"num_blocks": 128, "block_size": 16, "prefill_cap": 1, "decode_first": False,
                "enable_graph": True}
-    study.add_trial(make_trial(0, default, outcome="oom" if all_fail else "ok", rng=rng,
+    study.add_trial(make_trial(0, default, outcome=default_outcome or ("oom" if all_fail else "ok"),
+                               rng=rng,
                                study_dir=study_dir, extra_attrs={"is_default": True}))
     for i in range(n_ok + n_fail):
         params = {

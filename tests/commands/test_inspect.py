@@ -34,7 +34,10 @@ def test_json_lists_every_trial_and_the_pareto_set(studies, capsys):
     assert [t["number"] for t in doc["trials"]] == [t.number for t in study.trials]
     for rec, trial in zip(doc["trials"], study.trials):
         assert {"number", "params", "outcome", "values", "constraints"} <= set(rec)
-        assert rec["params"] == trial.params and rec["values"] == trial.values
+        assert rec["params"] == trial.params
+        # a failed trial's worst-case stand-ins are for the sampler, not a measurement
+        measured = trial.user_attrs["outcome"] in ("ok", "slo")
+        assert rec["values"] == (trial.values if measured else None)
         assert rec["constraints"] == trial.constraints and rec["outcome"] == trial.user_attrs["outcome"]
     assert doc["pareto"] == sorted(t.number for t in study.best_trials)
     assert doc["chosen"] in doc["pareto"]
@@ -46,7 +49,8 @@ def test_table_marks_pareto_and_pick(studies, capsys):
     assert run_cli(["inspect", "--studies-dir", str(studies), "--no-report", "--pick", "max-throughput"]) == 0
     out = capsys.readouterr().out
     lines = out.splitlines()
-    assert lines[0].split()[:5] == ["#", "outcome", "output_throughput", "p99_ttft_ms", "p99_tpot_ms"]
+    assert lines[0].split()[:8] == ["#", "outcome", "output_throughput", "(tok/s)", "p99_ttft_ms",
+                                    "(ms)", "p99_tpot_ms", "(ms)"]
     assert any(line.startswith(">*") for line in lines)
     assert "Pareto set (feasible):" in out and "chosen: trial" in out and "max-throughput" in out
     assert "oom" in out and "crash" in out
@@ -123,3 +127,59 @@ def test_serve_runs_in_the_foreground_until_ctrl_c_and_shows_the_figures(studies
 
 def test_records_say_inf_and_nan_as_strings():
     assert inspect_cmd._finite(float("inf")) == "inf" and inspect_cmd._finite(1.5) == 1.5
+
+
+def _table_rows(out: str) -> list[list[str]]:
+    """The table's rows as tokens, marks (> chosen, * Pareto) dropped: [number, outcome, ...]."""
+    rows = []
+    for line in out.split("\n\n")[0].splitlines()[1:]:
+        tokens = line.split()
+        rows.append(tokens[1:] if tokens[0] in (">", "*", ">*") else tokens)
+    return rows
+
+
+def test_default_table_is_narrow_and_wide_has_every_column(studies, capsys):
+    assert run_cli(["inspect", "--studies-dir", str(studies), "--no-report"]) == 0
+    narrow = capsys.readouterr().out
+    assert run_cli(["inspect", "--studies-dir", str(studies), "--no-report", "--wide"]) == 0
+    wide = capsys.readouterr().out
+    table = narrow.split("\n\n")[0]
+    assert max(len(line) for line in table.splitlines()) <= 160
+    assert "num_blocks" not in table and "num_blocks" in wide and "feasible" in wide
+    # failures show '-', never the worst-case stand-ins (0 tok/s, 1e9 ms) the sampler holds
+    for row in _table_rows(narrow):
+        if row[1] in ("oom", "crash"):
+            assert row[2:6] == ["-", "-", "-", "-"]
+    assert "1,000,000,000" not in narrow and "1e+09" not in wide
+    assert "'-': not measured" in narrow
+
+
+def test_vs_default_blank_is_explained(tmp_path, capsys):
+    make_study_dir(tmp_path / "studies", default_outcome="skipped")
+    assert run_cli(["inspect", "--studies-dir", str(tmp_path / "studies"), "--no-report"]) == 0
+    out = capsys.readouterr().out
+    head = "the default config (trial 0) was skipped by the memory pre-screen"
+    assert f"vs default: '-' throughout: {head}" in out   # the table's footnote
+    assert f"vs default: none, {head}" in out               # the result block
+    assert not any(cell.endswith("x") and cell[0].isdigit() for row in _table_rows(out) for cell in row)
+
+
+def test_vs_default_ratio_when_the_default_ran(tmp_path, capsys):
+    study = make_study_dir(tmp_path / "studies")
+    default = study.trials[0]
+    assert default.user_attrs["is_default"] and default.user_attrs["outcome"] == "ok"
+    assert run_cli(["inspect", "--studies-dir", str(tmp_path / "studies"), "--no-report"]) == 0
+    out = capsys.readouterr().out
+    rows = {int(r[0]): r for r in _table_rows(out) if r[0].isdigit()}
+    for t in study.trials[1:]:
+        if t.user_attrs["outcome"] in ("ok", "slo"):
+            assert f"{t.values[0] / default.values[0]:.2f}x" in rows[t.number]
+    assert f"vs default (trial {default.number}): output_throughput" in out
+
+
+def test_dashboard_hint_is_said_once_per_study(studies, monkeypatch, capsys):
+    from tuner.output import report
+    monkeypatch.setattr(report, "store_in_dashboard", lambda study, figs: False)
+    for _ in range(2):
+        assert run_cli(["inspect", "--studies-dir", str(studies), "--format", "json"]) == 0
+    assert capsys.readouterr().err.count("optuna-dashboard not installed") == 1

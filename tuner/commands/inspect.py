@@ -4,6 +4,7 @@ dashboard."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import sys
@@ -15,7 +16,7 @@ import optuna
 
 from tuner.commands.pick_args import SLO_HELP, add_pick_args, pick_trial
 from tuner.errors import UsageError
-from tuner.output import dashboard, export, report
+from tuner.output import dashboard, export, report, trial_table
 from tuner.output.knob_check import describe, knob_report
 from tuner.output.result import result_lines
 from tuner.output.select import Choice, feasible_front, study_objectives
@@ -39,6 +40,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     add_pick_args(p)
     p.add_argument("--format", choices=("table", "json", "csv"), default="table",
                    help="stdout format; csv: one row per trial with every metric (default: table)")
+    p.add_argument("--wide", action="store_true",
+                   help="table: every param and constraint as a column (default: outcome, "
+                        "objectives, gain over the default config, a note)")
     p.add_argument(
         "--report",
         metavar="PATH",
@@ -68,10 +72,12 @@ def _finite(v: float) -> float | str:
 
 
 def trial_json(t: TrialRecord) -> dict[str, Any]:
-    """What `--format json` prints for one trial."""
+    """What `--format json` prints for one trial.  `values` is null for a trial the server did
+    not measure (failed or skipped): the worst-case values Optuna holds for the sampler are no
+    measurement."""
     return {"number": t.number, "state": t.state.name, "outcome": t.outcome,
             "feasible": t.feasible, "params": dict(t.params),
-            "values": [_finite(v) for v in t.values] if t.values else None,
+            "values": [_finite(v) for v in t.values] if t.measured and t.values else None,
             "constraints": {k: _finite(v) for k, v in t.constraints.items()},
             "reason": t.reason}
 
@@ -94,17 +100,15 @@ def _knobs_json(study: optuna.Study) -> dict[str, Any] | None:
                                      "barely_varied": rep.barely_varied}
 
 
-def as_table(study: optuna.Study, pareto: Sequence[int], choice: Choice | None) -> str:
-    """A fixed-width text table: one row per trial, Pareto members marked * and the pick >."""
-    frame = trials_frame(study).reset_index()
-    chosen = choice.trial.number if choice else None
-    marks = [(">" if n == chosen else "") + ("*" if n in pareto else "") for n in frame["#"]]
-    frame.insert(0, "", marks)
-    text = frame.to_string(index=False, na_rep="-", float_format=lambda v: f"{v:.4g}")
+def as_table(study: optuna.Study, pareto: Sequence[int], choice: Choice | None,
+             wide: bool = False) -> str:
+    """The trials table (compact, or every column), then the Pareto set and the pick."""
+    text = trial_table.wide(study, pareto, choice) if wide else trial_table.compact(
+        study, pareto, choice)
     tail = f"Pareto set (feasible): {', '.join(map(str, pareto)) or 'empty'}"
     if choice:
         tail += f"; chosen: trial {choice.trial.number} ({choice.rule})"
-    return "\n".join([text, "", tail + "  [* Pareto, > chosen; '-' = not measured]"])
+    return "\n".join([text, "", tail + "  [* Pareto, > chosen]"])
 
 
 def _print_result(study: optuna.Study, choice: Choice | None) -> None:
@@ -115,6 +119,18 @@ def _print_result(study: optuna.Study, choice: Choice | None) -> None:
         print("\n".join(result_lines(study, choice, export.build(study, choice))))
     except UsageError:
         pass
+
+
+NO_DASHBOARD_MARK = ".no-dashboard-noted"
+
+
+def _note_once(mark: Path, text: str) -> None:
+    """A hint that repeats on every `inspect` is noise: say it once per study folder."""
+    if mark.exists():
+        return
+    print(text, file=sys.stderr)
+    with contextlib.suppress(OSError):
+        mark.touch()
 
 
 def run(args: argparse.Namespace) -> int:
@@ -132,15 +148,15 @@ def run(args: argparse.Namespace) -> int:
         figs = report.write_report(Path(path), study, choice)
         report_path = path
         if not report.store_in_dashboard(study, figs):
-            print(
-                "optuna-dashboard not installed: figures not stored in the study", file=sys.stderr
-            )
+            _note_once(ref.folder / NO_DASHBOARD_MARK,
+                       "optuna-dashboard not installed: figures not stored in the study "
+                       "(pip install 'llm-server-tuner[dashboard]'; said once per study)")
     if args.format == "json":
         print(as_json(study, pareto, choice, report_path))
     elif args.format == "csv":
         sys.stdout.write(trials_frame(study, wide=True).to_csv())
     else:
-        print(as_table(study, pareto, choice))
+        print(as_table(study, pareto, choice, args.wide))
         print(describe(knob_report(study)))
         _print_result(study, choice)
         if report_path:

@@ -1,119 +1,31 @@
-"""The plotly figures of report.html (and of optuna-dashboard), one function per figure.
+"""The plotly figures of report.html (and of optuna-dashboard), one function per figure; the
+per-trial scatters are in `scatter_figures`.
 
-Failed trials carry worst-case objective values, which would squash every axis; figures that
-plot objectives therefore draw failures at the worst edge of the range the ok trials span, with
-an x marker and a hover that says the value was not measured.
+Failed trials carry worst-case objective values for the sampler, which are no measurement:
+figures that plot objectives use the measured trials only.  Every axis names its unit.
 """
 
 from __future__ import annotations
 
-import itertools
-import random
 import warnings
 from collections.abc import Sequence
 from typing import Any
 
 import optuna
 import plotly.graph_objects as go
-from optuna.trial import FrozenTrial, TrialState
-from plotly.subplots import make_subplots
+from optuna.trial import FrozenTrial
 
 from tuner.output.knob_check import MIN_TRIALS, KnobReport
+from tuner.output.numbers import axis_title, default_blank_reason, fmt
+from tuner.output.scatter_figures import color, failure_map, pareto_front
 from tuner.search.objectives import Objective
 from tuner.search.slo import cell_id
 from tuner.study.record import TrialRecord, is_measured
 
-OUTCOME_COLORS = {
-    "ok": "#2ca02c",
-    "slo": "#bcbd22",
-    "oom": "#d62728",
-    "crash": "#000000",
-    "unhealthy": "#ff7f0e",
-    "hang": "#9467bd",
-    "startup": "#8c564b",
-    "skipped": "#7f7f7f",
-    "rejected": "#e377c2",
-    "interrupted": "#aec7e8",
-    "flaky": "#ffbb78",
-    "gpu_busy": "#c7c7c7",
-}
+__all__ = ["cells_table", "failure_map", "memory_headroom", "optimization_history",
+           "param_importances", "pareto_front"]
+
 CELL_METRICS = ("output_throughput", "p99_ttft_ms", "p99_tpot_ms", "mean_ttft_ms", "mean_tpot_ms")
-
-
-def _color(name: str) -> str:
-    return OUTCOME_COLORS.get(name, "#17becf")
-
-
-def _axis_values(trials: Sequence[TrialRecord], i: int, obj: Objective) -> list[float]:
-    """Objective i per trial; unmeasured trials placed 5% beyond the worst measured value."""
-    seen = [t.values[i] for t in trials if t.measured and t.values] or [0.0, 1.0]
-    lo, hi = min(seen), max(seen)
-    pad = 0.05 * ((hi - lo) or abs(hi) or 1.0)
-    edge = lo - pad if obj.maximize else hi + pad
-    return [t.values[i] if t.measured and t.values else edge for t in trials]
-
-
-def _hover(t: TrialRecord, objectives: Sequence[Objective]) -> str:
-    head = f"trial {t.number}: {t.outcome}"
-    if not t.measured or t.values is None:
-        reason = t.reason[:120]
-        return f"{head}<br>not measured (worst-case values){'<br>' + reason if reason else ''}"
-    vals = "<br>".join(f"{o.metric}={v:.4g}" for o, v in zip(objectives, t.values))
-    params = "<br>".join(f"{k}={v}" for k, v in t.params.items())
-    return f"{head}<br>{vals}<br>{params}"
-
-
-def pareto_front(trials: Sequence[TrialRecord], objectives: Sequence[Objective],
-                 pareto: Sequence[int], chosen: int | None) -> go.Figure:
-    """Each pair of objectives, every trial coloured by outcome; Pareto set ringed, pick starred."""
-    done = [t for t in trials if t.state == TrialState.COMPLETE and t.values is not None]
-    pairs = list(itertools.combinations(range(len(objectives)), 2)) or [(0, 0)]
-    cols = min(3, len(pairs))
-    rows = -(-len(pairs) // cols)
-    fig = make_subplots(rows=rows, cols=cols, horizontal_spacing=0.08, vertical_spacing=0.15)
-    axes = {i: _axis_values(done, i, o) for i, o in enumerate(objectives)}
-    for n, (a, b) in enumerate(pairs):
-        row, col = n // cols + 1, n % cols + 1
-        xs = axes[a] if a != b else [t.number for t in done]
-        ys = axes[b]
-        for name in dict.fromkeys(t.outcome for t in done):
-            idx = [k for k, t in enumerate(done) if t.outcome == name]
-            fig.add_trace(
-                go.Scatter(
-                    x=[xs[k] for k in idx],
-                    y=[ys[k] for k in idx],
-                    mode="markers",
-                    name=name,
-                    legendgroup=name,
-                    showlegend=n == 0,
-                    marker=dict(
-                        color=_color(name),
-                        size=9,
-                        symbol="circle" if name in ("ok", "slo") else "x",
-                    ),
-                    text=[_hover(done[k], objectives) for k in idx],
-                    hoverinfo="text",
-                ),
-                row=row,
-                col=col,
-            )
-        for name, nums, marker in (
-            (
-                "Pareto set",
-                set(pareto),
-                dict(size=16, color="rgba(0,0,0,0)", line=dict(color="#1f77b4", width=2)),
-            ),
-            ("chosen", {chosen}, dict(size=20, symbol="star", color="#1f77b4")),
-        ):
-            idx = [k for k, t in enumerate(done) if t.number in nums]
-            fig.add_trace(go.Scatter(x=[xs[k] for k in idx], y=[ys[k] for k in idx], mode="markers",
-                                     name=name, legendgroup=name, showlegend=n == 0, marker=marker,
-                                     hoverinfo="skip"), row=row, col=col)
-        fig.update_xaxes(title_text=objectives[a].metric if a != b else "trial", row=row, col=col)
-        fig.update_yaxes(title_text=objectives[b].metric, row=row, col=col)
-    fig.update_layout(title="Pareto front (colour = outcome; failures drawn at the worst edge, x)",
-                      height=80 + 370 * rows)
-    return fig
 
 
 def _measured_study(study: optuna.Study, objectives: Sequence[Objective]
@@ -144,7 +56,8 @@ def optimization_history(study: optuna.Study, objectives: Sequence[Objective]) -
     for trace in fig.data:
         if trace.x is not None:
             trace.x = [ok[int(x)].number for x in trace.x]
-    fig.update_layout(title=f"Optimisation history: {objectives[0]} (ok trials)", height=400)
+    fig.update_layout(title=f"Optimisation history: {objectives[0]} (ok trials)", height=400,
+                      xaxis_title="trial", yaxis_title=axis_title(objectives[0].metric))
     return fig
 
 
@@ -173,46 +86,6 @@ def param_importances(knobs: KnobReport | None) -> go.Figure:
     return fig
 
 
-def failure_map(trials: Sequence[TrialRecord]) -> go.Figure:
-    """For each knob: the values tried, on the outcome they had (which values OOM or crash)."""
-    params = sorted({p for t in trials for p in t.params})
-    if not params:
-        return _note("Failure map", "no trial has parameters")
-    cols = min(3, len(params))
-    rows = -(-len(params) // cols)
-    fig = make_subplots(rows=rows, cols=cols, subplot_titles=params, vertical_spacing=0.12)
-    rng = random.Random(0)
-    order = list(dict.fromkeys(sorted((t.outcome for t in trials), key=lambda n: (n != "ok", n))))
-    for n, p in enumerate(params):
-        row, col = n // cols + 1, n % cols + 1
-        for name in order:
-            sub = [t for t in trials if t.outcome == name and p in t.params]
-            if not sub:
-                continue
-            fig.add_trace(
-                go.Scatter(
-                    x=[_plain(t.params[p]) for t in sub],
-                    y=[order.index(name) + rng.uniform(-0.2, 0.2) for t in sub],
-                    mode="markers",
-                    name=name,
-                    legendgroup=name,
-                    showlegend=n == 0,
-                    marker=dict(color=_color(name), size=8),
-                    text=[f"trial {t.number}: {p}={t.params[p]} -> {name}" for t in sub],
-                    hoverinfo="text",
-                ),
-                row=row,
-                col=col,
-            )
-        fig.update_yaxes(tickvals=list(range(len(order))), ticktext=order, row=row, col=col)
-    fig.update_layout(title="Failure map: outcome of each value tried, per knob", height=300 * rows)
-    return fig
-
-
-def _plain(v: Any) -> Any:
-    return str(v) if isinstance(v, bool) else v
-
-
 def cells_table(chosen: TrialRecord | None, default: TrialRecord | None) -> go.Figure:
     """Per-cell metrics of the chosen config beside the server's default config."""
     if chosen is None:
@@ -223,10 +96,8 @@ def cells_table(chosen: TrialRecord | None, default: TrialRecord | None) -> go.F
             by_cell.setdefault(cell_id(c.get("cell", {})), {})[who] = c.get("metrics") or {}
     header = ["cell"]
     for m in CELL_METRICS:
-        header += [
-            f"{m}<br>chosen #{chosen.number}",
-            f"default{f' #{default.number}' if default else ''}",
-        ]
+        header += [f"{axis_title(m)}<br>chosen #{chosen.number}",
+                   f"default{f' #{default.number}' if default else ''}"]
     rows: list[list[str]] = []
     for cell, got in by_cell.items():
         row = [cell]
@@ -234,22 +105,19 @@ def cells_table(chosen: TrialRecord | None, default: TrialRecord | None) -> go.F
             row += [_num(got.get("chosen", {}).get(m)),
                     _num(got.get("default", {}).get(m)) if default else "no default trial"]
         rows.append(row)
-    fig = go.Figure(
-        go.Table(
-            header=dict(values=header, align="left"),
-            cells=dict(
-                values=list(map(list, zip(*rows))) if rows else [[]] * len(header), align="left"
-            ),
-        )
-    )
+    fig = go.Figure(go.Table(
+        header=dict(values=header, align="left"),
+        cells=dict(values=list(map(list, zip(*rows))) if rows else [[]] * len(header),
+                   align="left")))
+    blank = default_blank_reason(default)
     fig.update_layout(title=f"Chosen trial {chosen.number} per cell vs the default config"
-                            + ("" if default else " (the study ran no default config)"),
-                      height=260 + 32 * max(len(rows), 1), margin=dict(t=60, b=10))
+                            + (f"<br><sub>default '-': {blank}</sub>" if blank else ""),
+                      height=260 + 32 * max(len(rows), 1), margin=dict(t=80, b=10))
     return fig
 
 
 def _num(v: Any) -> str:
-    return f"{v:.4g}" if isinstance(v, (int, float)) else "-"
+    return fmt(v) if isinstance(v, (int, float)) else "-"
 
 
 def memory_headroom(trials: Sequence[TrialRecord]) -> go.Figure | None:
@@ -269,16 +137,19 @@ def memory_headroom(trials: Sequence[TrialRecord]) -> go.Figure | None:
         sub = [p for p in pts if p[0].outcome == name]
         ys = [s if with_seen else order.index(name) for _, _, s in sub]
         fig.add_trace(go.Scatter(x=[p for _, p, _ in sub], y=ys, mode="markers", name=name,
-                                 marker=dict(color=_color(name), size=9),
-                                 text=[f"trial {t.number}: predicted {p:.1%}" for t, p, _ in sub],
+                                 marker=dict(color=color(name), size=9),
+                                 text=[f"trial {t.number}: predicted {p:.1%}" for t, p, _ in
+                                       sub],
                                  hoverinfo="text"))
     fig.add_vline(x=0, line_dash="dash", line_color="grey")
     fig.update_layout(title="Memory headroom: predicted vs seen", height=400,
-                      xaxis_title="predicted headroom (1 - predicted_peak_bytes / capacity_bytes)",
+                      xaxis_title="predicted headroom (% of the card's memory: "
+                                  "1 - predicted peak / capacity)",
                       xaxis_tickformat=".0%")
     if with_seen:
         fig.update_yaxes(
-            title_text="seen headroom (1 - peak_bytes / capacity_bytes)", tickformat=".0%"
+            title_text="seen headroom (% of the card's memory: 1 - peak / capacity)",
+            tickformat=".0%"
         )
     else:
         fig.update_yaxes(

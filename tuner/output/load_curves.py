@@ -14,6 +14,7 @@ from collections.abc import Sequence
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
+from tuner.output.numbers import axis_title, fmt
 from tuner.study.record import TrialRecord
 
 PANELS = (("p99_ttft_ms", "p99 TTFT (ms)"), ("p99_tpot_ms", "p99 TPOT (ms)"))
@@ -38,10 +39,10 @@ def load_curves(trials: Sequence[TrialRecord], pareto: Sequence[int],
         assert cap is not None
         steps = sorted(cap["steps"], key=lambda s: s["rate"])
         name = f"trial {t.number}{' (default)' if t is default else ''}: " \
-               f"{cap['capacity_rps']:.3g} req/s"
+               f"{fmt(cap['capacity_rps'])} req/s"
         for col, (metric, _) in enumerate(PANELS, start=1):
             fig.add_trace(go.Scatter(
-                x=[s["rate"] for s in steps], y=[s.get(metric, 0.0) for s in steps],
+                x=[s["rate"] for s in steps], y=[s.get(metric) for s in steps],
                 mode="lines+markers", name=name, legendgroup=str(t.number), showlegend=col == 1,
                 line={"color": color},
                 marker={"color": [color if s["passed"] else "white" for s in steps],
@@ -49,8 +50,9 @@ def load_curves(trials: Sequence[TrialRecord], pareto: Sequence[int],
                 hovertext=[_hover(s) for s in steps], hoverinfo="text"), row=1, col=col)
             fig.add_vline(x=cap["capacity_rps"], line={"color": color, "dash": "dash"},
                           row=1, col=col)
-    fig.update_xaxes(title_text="offered load (requests/s)", type="log")
-    fig.update_yaxes(type="log")
+    fig.update_xaxes(title_text="offered load (req/s)", type="log")
+    for col, (metric, _) in enumerate(PANELS, start=1):
+        fig.update_yaxes(title_text=axis_title(metric), type="log", row=1, col=col)
     fig.update_layout(title="Latency vs load (Pareto configs; dashed: capacity under the SLOs; "
                             "hollow: step failed)", height=460)
     return fig
@@ -59,6 +61,6 @@ def load_curves(trials: Sequence[TrialRecord], pareto: Sequence[int],
 def _hover(step: dict) -> str:
     state = "passed" if step["passed"] else ("cut short: SLO lost" if step["cut_short"] else
                                              "failed")
-    return (f"{step['rate']:.3g} req/s: {state}<br>p99 TTFT {step.get('p99_ttft_ms', 0):.4g} ms"
-            f"<br>p99 TPOT {step.get('p99_tpot_ms', 0):.4g} ms<br>{step['sent']} requests, "
-            f"{step['cost_s']:.4g} s")
+    return (f"{fmt(step['rate'])} req/s: {state}<br>p99 TTFT {fmt(step.get('p99_ttft_ms', '-'))} ms"
+            f"<br>p99 TPOT {fmt(step.get('p99_tpot_ms', '-'))} ms<br>{step['sent']} requests, "
+            f"{fmt(step['cost_s'])} s")

@@ -10,7 +10,7 @@ from __future__ import annotations
 import html
 import json
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from pathlib import Path
 
 import optuna
@@ -21,8 +21,9 @@ import plotly.offline
 from tuner.output import envfile, figures
 from tuner.output.knob_check import knob_report
 from tuner.output.load_curves import load_curves
+from tuner.output.numbers import default_trial, with_unit
 from tuner.output.select import Choice, study_objectives
-from tuner.study.record import TrialRecord, records
+from tuner.study.record import records
 from tuner.study.study_record import StudyInfo
 
 _ONERROR = """<script>
@@ -44,11 +45,6 @@ function(e){window.tunerRecordError("render failed: "+e);});})();
 _STYLE = """<style>body{font-family:sans-serif;margin:1.5em;color:#222}table.kv td{padding:2px 10px}
 section{margin:1.5em 0}#js-errors{display:none;background:#fdd;border:1px solid #d33;padding:.5em;
 white-space:pre-wrap}.fig{min-height:200px}code{background:#f4f4f4;padding:1px 3px}</style>"""
-
-
-def default_trial(trials: Sequence[TrialRecord]) -> TrialRecord | None:
-    """The trial of the server's own defaults, if the study ran one."""
-    return next((t for t in trials if t.is_default), None)
 
 
 def build_figures(study: optuna.Study, choice: Choice | None) -> dict[str, go.Figure]:
@@ -101,7 +97,8 @@ def _summary(study: optuna.Study, choice: Choice | None) -> str:
             "chosen trial": f"{t.number} ({choice.rule})",
             "Pareto set": ", ".join(str(p.number) for p in choice.pareto),
             "chosen values": ", ".join(
-                f"{o.metric}={v:.4g}" for o, v in zip(study_objectives(study), t.values or ())
+                f"{o.metric} {with_unit(o.metric, v)}"
+                for o, v in zip(study_objectives(study), t.values or ())
             ),
             "chosen params": ", ".join(f"{k}={v}" for k, v in t.params.items()),
             "launch": envfile.server_args_line(list(t.argv)),

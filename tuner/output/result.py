@@ -8,8 +8,9 @@ from collections.abc import Mapping
 import optuna
 
 from tuner.output.export import ExportConfig
+from tuner.output.numbers import default_trial, vs_default_line, with_unit
 from tuner.output.select import Choice, study_objectives
-from tuner.search.objectives import unit
+from tuner.study.record import records
 
 _WHY = {
     "knee": "knee of the feasible Pareto set (the best balance of the objectives; "
@@ -22,8 +23,8 @@ _WHY = {
 
 
 def metric_text(values: Mapping[str, float]) -> str:
-    """`output_throughput 214.6 tok/s, p99_ttft_ms 812 ms`: units, one decimal at most."""
-    return ", ".join(f"{k} {v:,.1f} {unit(k)}".rstrip() for k, v in values.items())
+    """`output_throughput 214.6 tok/s, p99_ttft_ms 812.0 ms`: units, rounded."""
+    return ", ".join(f"{k} {with_unit(k, v)}" for k, v in values.items())
 
 
 def result_lines(study: optuna.Study, choice: Choice, cfg: ExportConfig) -> list[str]:
@@ -36,7 +37,8 @@ def result_lines(study: optuna.Study, choice: Choice, cfg: ExportConfig) -> list
     base = choice.rule.replace(",", " ").split()[0]
     extra = choice.rule[len(base):].strip(" ,")
     why = _WHY.get(base, base) + (f"; {extra}" if extra else "")
-    lines = [f"result: trial {t.number}: {metric_text(values(t))}", f"  why: {why}"]
+    lines = [f"result: trial {t.number}: {metric_text(values(t))}", f"  why: {why}",
+             f"  {vs_default_line(t, default_trial(records(study)), objectives)}"]
     others = [p for p in choice.pareto if p.number != t.number]
     if others:
         lines.append(f"  Pareto alternatives ({len(others)}; `tuner export --trial N`):")

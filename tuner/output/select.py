@@ -27,6 +27,7 @@ from dataclasses import dataclass
 import optuna
 
 from tuner.errors import UsageError
+from tuner.output.numbers import fmt
 from tuner.search.objectives import Objective
 from tuner.search.slo import SloTerm, check_known, term_value, total_violation
 from tuner.study import pareto
@@ -133,7 +134,7 @@ def _within_slo(feasible: list[TrialRecord], all_trials: list[TrialRecord],
     meeting = [t for t in feasible if total_violation(slo, t) == 0]
     if not meeting:
         closest = min(feasible, key=lambda t: (total_violation(slo, t), t.number))
-        missed = "; ".join(f"{term} (is {term_value(term, closest)})" for term in slo
+        missed = "; ".join(f"{term} (is {fmt(term_value(term, closest))})" for term in slo
                            if term.violation(term_value(term, closest)) > 0)
         raise UsageError(f"no feasible trial meets --slo; closest is trial {closest.number}, "
                          f"which misses {missed}")
@@ -175,7 +176,8 @@ def choose(study: optuna.Study, pick: str = "knee", slo: Sequence[SloTerm] = ())
     best = min(scores.values())
     tied = [t for t in front if t.number in scores and scores[t.number] <= best + tol]
     winner = min(tied, key=lambda t: _robust_key(t, metric))
-    rule = f"{pick}{' within --slo' if slo else ''}" + (
+    within = f" within --slo {','.join(map(str, slo))}" if slo else ""
+    rule = f"{pick}{within}" + (
         f", tie of {len(tied)} broken by robustness" if len(tied) > 1 else "")
     return Choice(winner, front, rule)
 
