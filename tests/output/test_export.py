@@ -160,3 +160,11 @@ def test_knobs_ablate_found_dead_are_named_in_the_header(studies):
     assert line == ("# tuner ablate (around trial 3): no effect on this server, within the noise: "
                     "INFINILM_PREFILL_BATCH_CAP, --enable-graph")
     assert "INFINILM_PREFILL_BATCH_CAP" in envfile.parse(text)  # kept: the config as measured
+
+
+def test_slo_pick_names_its_limits_in_best_env(studies):
+    assert run_cli(["export", "--studies-dir", str(studies), "--pick", "slo",
+                    "--slo", "ttft_p99<=2s,tpot_p99<=60ms"]) == 0
+    header = [line for line in (studies / "demo" / "best.env").read_text().splitlines()
+              if "pick:" in line][0]
+    assert "pick: slo within --slo p99_ttft_ms<=2000,p99_tpot_ms<=60" in header

@@ -72,6 +72,13 @@ def test_unmeetable_slo_names_the_closest_trial(study):
         choose(study, "slo", parse_slo("ttft_p99<=1ms"))
 
 
+def test_unmeetable_slo_prints_rounded_values(study):
+    with pytest.raises(UsageError) as err:
+        choose(study, "slo", parse_slo("ttft_p99<=1ms"))
+    seen = str(err.value).rsplit("(is ", 1)[1].rstrip(")")
+    assert len(seen.split(".")[-1]) <= 2, seen    # e.g. 3,223.5, not 3223.4948527504853
+
+
 def test_unknown_slo_metric_and_cell_are_clear_errors(study):
     with pytest.raises(UsageError, match="unknown SLO metric 'p99_foo_ms'"):
         choose(study, "knee", parse_slo("foo_p99<=1ms"))

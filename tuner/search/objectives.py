@@ -32,7 +32,9 @@ def unit(metric: str) -> str:
     """The unit a metric is reported in, for labels: ms, tok/s or req/s."""
     if metric.endswith("_ms"):
         return "ms"
-    return "req/s" if metric.startswith("request") else "tok/s" if "throughput" in metric else ""
+    if metric.startswith("request") or metric.endswith("_rps"):
+        return "req/s"
+    return "tok/s" if "throughput" in metric else ""
 
 
 def check_metric(name: str, where: str) -> str:
