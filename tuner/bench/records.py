@@ -97,15 +97,30 @@ class CellResult:
     error: str = ""
     health_flaps: int = 0
 
-    def to_dict(self) -> dict[str, Any]:
-        """The JSON row: the cell's shape, then vllm-named metrics."""
+    def to_dict(self, time_scale: float = 1.0) -> dict[str, Any]:
+        """The JSON row: the cell's shape, then vllm-named metrics.  `duration` (seconds) is
+        what was measured, on the clock `duration_clock` names; `duration_limit_s`, the cell's
+        time cap, appears only when the cell had one."""
         c = self.cell
         row: dict[str, Any] = {"concurrency": c.concurrency, "input_len": c.input_len,
                                "output_len": c.output_len, "num_prompts": c.num_prompts,
-                               "duration_s": c.duration_s, "request_rate": c.request_rate}
+                               "request_rate": c.request_rate}
+        if c.duration_s is not None:
+            row["duration_limit_s"] = c.duration_s
         if c.source is not None:
             row["source"] = c.source.label
         row.update(self.metrics)
+        row["duration_clock"] = duration_clock(self.records, time_scale)
         row["error_class"] = self.error_class
         row["error"] = self.error
         return row
+
+
+def duration_clock(records: list[RequestRecord], time_scale: float) -> str:
+    """Which clock a cell's `duration` (and every latency) was read on: a simulated server
+    reports its own clock; otherwise the wall clock, rescaled when a time scale applied."""
+    if any(r.sim for r in records):
+        return "simulated: the simulator's own clock, not the wall clock"
+    if time_scale != 1.0:
+        return f"wall clock x {time_scale:g} (the simulator's time scale)"
+    return "wall clock"

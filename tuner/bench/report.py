@@ -35,8 +35,8 @@ _COLUMNS = (
 )
 
 
-def rows(results: Sequence[CellResult]) -> list[dict[str, Any]]:
-    return [r.to_dict() for r in results]
+def rows(results: Sequence[CellResult], time_scale: float = 1.0) -> list[dict[str, Any]]:
+    return [r.to_dict(time_scale) for r in results]
 
 
 def format_table(results: Sequence[CellResult]) -> str:
@@ -53,10 +53,11 @@ def format_table(results: Sequence[CellResult]) -> str:
     return "\n".join(lines)
 
 
-def write_results(results: Sequence[CellResult], path: str | Path) -> tuple[Path, Path]:
+def write_results(results: Sequence[CellResult], path: str | Path,
+                  time_scale: float = 1.0) -> tuple[Path, Path]:
     """Write `path` (JSON) and the CSV beside it (same stem); -> (json path, csv path)."""
     path = Path(path)
-    data = rows(results)
+    data = rows(results, time_scale)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(data, indent=2) + "\n")
     csv_path = path.with_suffix(".csv")

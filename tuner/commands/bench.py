@@ -8,6 +8,7 @@ cell failed (the table and files still hold what was measured), 2 for usage erro
 from __future__ import annotations
 
 import argparse
+import datetime as _dt
 import json
 import sys
 from pathlib import Path
@@ -15,12 +16,17 @@ from typing import Any
 
 import requests
 
+from tuner.bench import vllm_result
 from tuner.bench.capacity import CapacityResult
 from tuner.bench.capacity_http import http_capacity
 from tuner.bench.client import APIS, base_url
+from tuner.bench.health import time_scale
+from tuner.bench.lengths import has_tokenizer, length_warning, tokenizer_dir
 from tuner.bench.records import Cell
 from tuner.bench.report import format_table, write_results
 from tuner.bench.runner import CellResult, run_cells
+from tuner.bench.texts import TextCollector
+from tuner.bench.vllm_result import RunInfo, default_path, result_doc
 from tuner.errors import UsageError
 from tuner.search.workload import DEFAULT_WARMUP, Workload, load_workload, parse_workload
 
@@ -54,13 +60,19 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument(
         "-o", "--output", help="results JSON; a CSV with the same stem is written beside it"
     )
+    p.add_argument("--save-result", nargs="?", const="", metavar="FILE",
+                   help="also write the result as vllm bench serve --save-result does (its "
+                        "field names and per-request arrays; one JSON object per cell and line); "
+                        "without FILE, vllm's file name in the current folder")
     p.add_argument("--api", choices=APIS, default="chat")
     p.add_argument(
         "--extra-body",
         default="{}",
         help="JSON merged into every request, e.g. '{\"ignore_eos\": true}'; null removes a field",
     )
-    p.add_argument("--tokenizer", help="dir with tokenizer.json for exact prompt lengths")
+    p.add_argument("--tokenizer", help="dir with tokenizer.json for exact prompt lengths "
+                   "(default: the --model folder when it holds one; without, lengths are "
+                   "approximate and a warning says by how much)")
     p.add_argument("--health-path", default="/health", help="polled during cells; '' disables")
     p.add_argument(
         "--stall-timeout", type=float, default=30.0, help="seconds without a token -> hang"
@@ -123,25 +135,26 @@ def _workload(args: argparse.Namespace) -> Workload:
     return Workload("cli", 0, DEFAULT_WARMUP, (cell,))
 
 
-def _has_tokenizer(path: str | None) -> bool:
-    return path is not None and (Path(path) / "tokenizer.json").is_file()
-
-
-def _health_url(url: str, path: str) -> str | None:
-    """A server without /health (404) is benched without the watch rather than refused."""
+def _health_url(url: str, path: str) -> tuple[str | None, float]:
+    """The health URL to watch and the simulator's time scale (1 for a real server).  A server
+    without /health (404) is benched without the watch rather than refused."""
     if not path:
-        return None
+        return None, 1.0
     health = base_url(url) + path
     try:
-        status = requests.get(health, timeout=5).status_code
+        resp = requests.get(health, timeout=5)
     except requests.RequestException as exc:
         raise UsageError(f"cannot reach {health}: {type(exc).__name__}") from None
-    if status == 404:
+    if resp.status_code == 404:
         print(f"note: {health} is 404; running without the health watch", file=sys.stderr)
-        return None
-    if status != 200:
-        raise UsageError(f"{health} answered {status}: the server is not healthy")
-    return health
+        return None, 1.0
+    if resp.status_code != 200:
+        raise UsageError(f"{health} answered {resp.status_code}: the server is not healthy")
+    try:
+        body = resp.json()
+    except ValueError:
+        body = None
+    return health, time_scale(body.get("sim") if isinstance(body, dict) else None)
 
 
 def _capacity(args: argparse.Namespace, workload: Workload, extra: dict[str, Any],
@@ -159,7 +172,8 @@ def _capacity(args: argparse.Namespace, workload: Workload, extra: dict[str, Any
     return result
 
 
-def run(args: argparse.Namespace) -> int:
+def _extra_body(args: argparse.Namespace) -> dict[str, Any]:
+    """--extra-body as a dict; the option checks that need no server."""
     try:
         extra = json.loads(args.extra_body)
     except ValueError as exc:
@@ -168,13 +182,31 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError("--extra-body: must be a JSON object")
     if args.stall_timeout <= 0:
         raise UsageError("--stall-timeout must be > 0")
+    return extra
+
+
+def _save_result(args: argparse.Namespace, results: list[CellResult], scale: float,
+                 texts: TextCollector | None) -> None:
+    """The --save-result file (vllm's format)."""
+    tokenizer = args.tokenizer if has_tokenizer(args.tokenizer) else None
+    info = RunInfo(args.api, args.model, tokenizer, scale,
+                   _dt.datetime.now().strftime("%Y%m%d-%H%M%S"))
+    path = Path(args.save_result) if args.save_result else default_path(info, results)
+    docs = [result_doc(r, info, texts.texts() if texts else None) for r in results]
+    print(f"wrote {vllm_result.write(path, docs)} (vllm bench serve --save-result format)")
+
+
+def run(args: argparse.Namespace) -> int:
+    extra = _extra_body(args)
     workload = _workload(args)
     if args.capacity and (workload.capacity is None or not workload.slo):
         raise UsageError("--capacity needs a --workload with capacity: and slo: sections")
-    if any(c.source is not None for c in workload.cells) and not _has_tokenizer(args.tokenizer):
+    args.tokenizer = tokenizer = tokenizer_dir(args.tokenizer, args.model)
+    if any(c.source is not None for c in workload.cells) and not has_tokenizer(tokenizer):
         print("note: no tokenizer.json (--tokenizer): prompt lengths are approximate "
               "(one word per token); the server's usage counts are reported", file=sys.stderr)
-    health = _health_url(args.url, args.health_path)
+    health, scale = _health_url(args.url, args.health_path)
+    texts = TextCollector() if args.save_result is not None else None
     seed = args.seed if args.seed is not None else workload.seed
 
     def show(result: CellResult) -> None:
@@ -183,17 +215,20 @@ def run(args: argparse.Namespace) -> int:
 
     results = run_cells(
         args.url, list(workload.cells), model_name=args.model, api=args.api, request_extra=extra,
-        tokenizer_dir=args.tokenizer, health_url=health, seed=seed,
-        warmup=workload.warmup,
+        tokenizer_dir=tokenizer, health_url=health, seed=seed, warmup=workload.warmup,
         stall_timeout_s=args.stall_timeout, slo_ms=workload.goodput_slo_ms() or None,
-        on_cell=show, progress=not args.no_progress)
+        on_cell=show, progress=not args.no_progress, on_event=texts)
     print(format_table(results))
+    if not has_tokenizer(tokenizer) and any(c.source is None for c in workload.cells):
+        print(length_warning(results, args.api), file=sys.stderr)
     capacity = None
     if args.capacity and len(results) == len(workload.cells) and \
             not any(r.error_class for r in results):
         capacity = _capacity(args, workload, extra, health, seed)
+    if args.save_result is not None:
+        _save_result(args, results, scale, texts)
     if args.output:
-        json_path, csv_path = write_results(results, args.output)
+        json_path, csv_path = write_results(results, args.output, scale)
         if capacity is not None:
             cap_path = json_path.with_suffix(".capacity.json")
             cap_path.write_text(json.dumps(capacity.record(), indent=1))
