@@ -21,7 +21,9 @@ import tuner
 from tuner.errors import UsageError
 from tuner.output import envfile
 from tuner.output.ablation import NO_EFFECT
+from tuner.output.numbers import fmt
 from tuner.output.select import Choice, study_objectives
+from tuner.search.objectives import unit
 from tuner.study.record import TrialRecord
 from tuner.study.study_record import StudyInfo
 
@@ -146,6 +148,11 @@ def _fmt(v: Any) -> str:
     return f"{v:.6g}" if isinstance(v, float) else str(v)
 
 
+def _metric(name: str, value: Any) -> str:
+    """`p99_ttft_ms=3284.8 ms`: rounded, with its unit, no comma inside the number."""
+    return f"{name}={fmt(value, group=False)} {unit(name)}".rstrip()
+
+
 def env_header(cfg: ExportConfig) -> list[str]:
     """Comment lines for best.env: provenance, the metrics, and how to use the args variable."""
     p = cfg.provenance
@@ -157,11 +164,11 @@ def env_header(cfg: ExportConfig) -> list[str]:
         f"gpu: {p['gpu']}",
         f"search space: {p['space']} ({p['space_file']})  workload: {p['workload']}",
         *(["WARNING: measured on the simulator, not on a real server"] if p["simulated"] else []),
-        "objectives: " + ", ".join(f"{k}={_fmt(v)}" for k, v in p["values"].items()),
+        "objectives: " + ", ".join(_metric(k, v) for k, v in p["values"].items()),
     ]
     shown = [(k, p["metrics"][k]) for k in HEADER_METRICS if k in p["metrics"]]
     for i in range(0, len(shown), 4):
-        lines.append("metrics: " + ", ".join(f"{k}={_fmt(v)}" for k, v in shown[i:i + 4]))
+        lines.append("metrics: " + ", ".join(_metric(k, v) for k, v in shown[i:i + 4]))
     if p.get("no_effect"):
         lines.append(
             f"tuner ablate (around trial {p['no_effect']['base_trial']}): no effect on this "

@@ -19,17 +19,19 @@ _WHY_UNMEASURED = {
 }
 
 
-def fmt(v: object) -> str:
-    """One number format everywhere: thousands separators, 1 decimal from 10 up, 2 below,
-    two significant digits for tiny values; ints stay whole; inf/nan said as words."""
+def fmt(v: object, group: bool = True) -> str:
+    """One number format everywhere: thousands separators (unless `group` is False, where a
+    comma separates items), 1 decimal from 10 up, 2 below, two significant digits for tiny
+    values; ints stay whole; inf/nan said as words."""
     if isinstance(v, bool) or not isinstance(v, (int, float)):
         return str(v)
+    sep = "," if group else ""
     if isinstance(v, int):
-        return f"{v:,}"
+        return f"{v:{sep}}"
     if not math.isfinite(v):
         return str(v)
     if abs(v) >= 10:
-        return f"{v:,.1f}"
+        return f"{v:{sep}.1f}"
     if v == 0 or abs(v) >= 0.01:
         return f"{v:.2f}"
     return f"{v:.2g}"
