@@ -57,3 +57,19 @@ def test_a_hold_waits_no_longer_than_hold_s(monkeypatch, header):
     assert adm.holding()
     time.sleep(0.02)
     assert not adm.holding()
+
+
+def test_a_replacement_sent_before_its_failed_request_finished_is_not_waited_for():
+    """A broken stream fails on the client's side while the engine still runs the request; the
+    client's next request arrives first.  The engine must not then hold (and stop stepping,
+    a stall of HOLD_S wall seconds) for a request that has already come."""
+    adm = Admission()
+    for rid, now in enumerate((1.0, 1.0)):
+        adm.track(rid, adm.arrive("p 2 0", now)[1])
+    assert not adm.holding()
+    adm.track(2, adm.arrive("p 2 0", 2.0)[1])  # request 0's stream broke: its replacement
+    assert adm.late == 1
+    assert not adm.finished([0], 3.0, time.perf_counter())  # request 0 ends in the engine
+    assert not adm.holding()
+    assert adm.finished([1], 4.0, time.perf_counter())  # a normal end is still held for
+    assert adm.arrive("p 2 0", 4.5) == (4.0, "p") and not adm.holding()

@@ -44,6 +44,7 @@ class Plan:
     streams: int
     total: int | None   # None: unknown (a cell limited by duration)
     received: int = 0
+    early: int = 0      # arrived while no hold waited for them (see Admission.arrive)
 
 
 @dataclass
@@ -92,7 +93,11 @@ class Admission:
             if hold.expected <= 0:
                 self._release()
             return hold.at, pid
+        # No hold waits for it: its hold gave up (a slow client), or the request it replaces
+        # failed on the client's side (a broken stream) before the engine finished it.  Either
+        # way it has arrived: the hold that finishing request starts must not wait for it.
         self.late += 1
+        plan.early += 1
         return sim_now, pid
 
     def track(self, rid: int, pid: str | None) -> None:
@@ -110,6 +115,9 @@ class Admission:
         for pid, n in counts.items():
             plan = self.plans[pid]
             left = n if plan.total is None else min(n, plan.total - plan.received)
+            credit = min(left, plan.early)
+            plan.early -= credit
+            left -= credit
             if left > 0:
                 self._start(pid, at, left, max(due_wall, time.perf_counter()))
                 return True

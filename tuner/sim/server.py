@@ -168,14 +168,18 @@ class SimServer:
             "Content-Type": "text/event-stream", "Cache-Control": "no-cache",
             "X-Tuner-Sim-Arrival": repr(req.arrival)})
         await resp.prepare(request)
+        try:
+            return await self._stream_tokens(resp, req, model, chat, fault, request)
+        finally:  # a cut, a client that hung up or a failed write: stop working for it
+            self.engine.abort(req)
+
+    async def _stream_tokens(self, resp: web.StreamResponse, req: SimRequest, model: str,
+                             chat: bool, fault: str | None,
+                             request: web.Request) -> web.StreamResponse:
         kind = "chat.completion.chunk" if chat else "text_completion"
         sent = 0
         while not (req.finished and sent == req.generated):
-            try:
-                await self._next_tick()
-            except asyncio.CancelledError:  # the client hung up: stop working for it
-                self.engine.abort(req)
-                raise
+            await self._next_tick()
             now = self.sim_now()
             ready = sent
             while ready < req.generated and req.token_times[ready] <= now:
