@@ -242,9 +242,8 @@ async def run_cells_async(  # noqa: PLR0913
     on_event: EventHook | None = None,
     watch: Callable[[], CellWatch] | None = None,
 ) -> list[CellResult]:
-    """`run_cells` for callers that already run an event loop.  `on_event(record, event,
-    arrival)` sees every parsed SSE event (client.EventHook); `watch()` makes each measured
-    cell's CellWatch, which may end it early (capacity steps)."""
+    """`run_cells` inside a running event loop.  `on_event` sees every parsed SSE event;
+    `watch()` makes each measured cell's CellWatch, which may end it early (capacity steps)."""
     maker = PromptMaker(tokenizer_dir)
     client = StreamClient(endpoint, model_name=model_name, api=api, request_extra=request_extra,
                           activity=Activity(), on_event=on_event)
