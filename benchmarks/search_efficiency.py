@@ -57,9 +57,10 @@ from tuner.search.space import SearchSpace  # noqa: E402
 from tuner.search.space_file import load_space  # noqa: E402
 from tuner.search.workload import Workload  # noqa: E402
 from tuner.sim.profiles import get_profile  # noqa: E402
+from tuner.study.proposals import guided  # noqa: E402
 from tuner.study.objective import TrialObjective, counted  # noqa: E402
 from tuner.study.record import TrialRecord  # noqa: E402
-from tuner.study.sampler import make_sampler  # noqa: E402
+from tuner.study.sampler import make_sampler, startup_trials  # noqa: E402
 from tuner.trial.context import TrialContext  # noqa: E402
 from tuner.trial.inprocess import InProcessRunner  # noqa: E402
 from tuner.trial.memory_estimate import estimate, knobs_from_params  # noqa: E402
@@ -160,6 +161,8 @@ def run_study(job: tuple[str, str, int]) -> dict[str, Any]:
         sampler = optuna.samplers.TPESampler(seed=seed)
     else:
         sampler = make_sampler("auto" if tuner else method, seed, budget)
+    if tuner:
+        sampler = guided(sampler, pipeline.kv_edge, startup_trials(budget), seed)
     study = optuna.create_study(directions=["maximize"], sampler=sampler)
     if tuner:
         warm_start(study, ctx.space, argparse.Namespace(no_defaults=False, seed_config=None,

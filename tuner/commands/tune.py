@@ -49,8 +49,9 @@ from tuner.sim.nvml import SIM_NVML_ENV
 from tuner.study.budget import Convergence, finished, run_to_budget
 from tuner.study.create import create_or_load
 from tuner.study.objective import TrialObjective
+from tuner.study.proposals import guided
 from tuner.study.record import Stage, TrialRecord, records
-from tuner.study.sampler import SAMPLERS, enqueue_grid, make_sampler, run_seed
+from tuner.study.sampler import SAMPLERS, enqueue_grid, make_sampler, run_seed, startup_trials
 from tuner.study.storage import open_storage, sqlite_path, storage_url
 from tuner.study.study_record import set_bounds
 from tuner.study.workers import parse_gpus, run_workers
@@ -227,6 +228,8 @@ def _run(args: argparse.Namespace, stack: contextlib.ExitStack) -> int:
                                 prescreen=not args.no_prescreen, screen_cells=args.screen_cells,
                                 confirm=args.confirm,
                                 kv_share=not args.kv_absolute and args.sampler != "grid")
+    study.sampler = guided(study.sampler, pipeline.kv_edge, startup_trials(args.trials),
+                           args.seed)
     _print_bounds(setup.ctx.space, pipeline)
     queued = warm_start(study, setup.ctx.space, args, url, studies_dir, pipeline)
     if queued:

@@ -73,6 +73,18 @@ class Calibration:
         return (lo + hi) / 2 if hi > lo else lo + MIN_STEP
 
 
+def _cell_evidence(t: TrialRecord, attr: Mapping[str, Any]) -> list[tuple[str, bool]]:
+    """(cell, failed) for every cell the trial ran, in order: the cells before an OOM and every
+    cell of a healthy run held, the OOM's own cell did not.  The mechanism of an OOM is the cell
+    it happened in, not the estimate's peak cell (on Llama-3.1-70B / H200 the estimate called the
+    8k prompt the peak, while the runs died in the 2k cell's batched prefill)."""
+    keys = [row.get("cell", {}).get("key") if isinstance(row.get("cell"), Mapping) else None
+            for row in t.cells]
+    if not keys or None in keys:          # no cell keys stored: the estimate's peak cell
+        return [(attr["peak_cell"], t.outcome == "oom")]
+    return [(k, t.outcome == "oom" and i == len(keys) - 1) for i, k in enumerate(keys)]
+
+
 def calibrate(trials: Sequence[TrialRecord], capacity: int) -> Calibration:
     """Bounds on runtime and forward scale from the OOMs and healthy runs seen so far."""
     floor = 0
@@ -80,20 +92,20 @@ def calibrate(trials: Sequence[TrialRecord], capacity: int) -> Calibration:
     runtimes = {g: calibrated_runtime(trials, g) for g in (False, True)}
     for t in trials:
         attr = _stored(t)
-        outcome = t.outcome
-        if attr is None or outcome not in (*HEALTHY, "oom"):
+        if attr is None or t.outcome not in (*HEALTHY, "oom"):
             continue
-        if outcome == "oom" and not t.cells:   # died before any cell: the runtime was low
+        if t.outcome == "oom" and not t.cells:   # died before any cell: the runtime was low
             floor = max(floor, capacity - attr["weights"] - attr["pool"])
             continue
-        runtime = runtimes[bool(attr["cuda_graph"])]
-        if attr["forward"] <= 0:
-            continue
-        bound = (capacity - attr["weights"] - attr["pool"] - runtime) / attr["forward"]
-        lo, hi = scale.get(attr["peak_cell"], (0.0, float("inf")))
-        scale[attr["peak_cell"]] = (
-            (max(lo, bound), hi) if outcome == "oom" else (lo, min(hi, bound))
-        )
+        room = capacity - attr["weights"] - attr["pool"] - runtimes[bool(attr["cuda_graph"])]
+        forwards = attr.get("cell_forwards") or {attr["peak_cell"]: attr["forward"]}
+        for cell, failed in _cell_evidence(t, attr):
+            forward = forwards.get(cell, 0)
+            if forward <= 0:
+                continue
+            lo, hi = scale.get(cell, (0.0, math.inf))
+            bound = room / forward
+            scale[cell] = (max(lo, bound), hi) if failed else (lo, min(hi, bound))
     return Calibration(floor, scale)
 
 
@@ -122,7 +134,8 @@ class KvEdge:
         knobs = knobs_from_params(self.space, {**params, self.param.name: value})
         est = estimate(self.model, knobs, list(self.cells),
                        runtime=max(runtime, cal.runtime_floor + 1))
-        return est.static + est.runtime + cal.k(est.peak_cell) * est.forward
+        forwards = est.cell_forwards or ((est.peak_cell, est.forward),)
+        return est.static + est.runtime + max(cal.k(c) * f for c, f in forwards)
 
     def edge(self, params: dict[str, Any], trials: Sequence[TrialRecord]) -> int:
         """The largest KV value (on the knob's step) whose calibrated need fits the card."""
@@ -134,6 +147,18 @@ class KvEdge:
         def fits(n: int) -> bool:
             return self.need(params, low + n * step, cal, runtime) <= self.capacity
         return low + (_largest(fits, (high - low) // step) if fits(0) else 0) * step
+
+    def slack_of(self, trials: Sequence[TrialRecord]) -> Callable[[dict[str, Any]], float]:
+        """Per config: the card's bytes the calibrated need leaves at the smallest pool (> 0:
+        the config can fit at all); the calibration is computed once for many configs."""
+        low = self._grid()[0]
+        cal = calibrate(trials, self.capacity)
+        runtimes = {g: calibrated_runtime(trials, g) for g in (False, True)}
+
+        def slack(params: dict[str, Any]) -> float:
+            graph = knobs_from_params(self.space, params).cuda_graph
+            return self.capacity - self.need(params, low, cal, runtimes[graph])
+        return slack
 
     def value(self, params: dict[str, Any], share: float, trials: Sequence[TrialRecord]) -> int:
         """The KV knob's value at `share` of the way from its lower bound to the edge."""

@@ -52,7 +52,8 @@ class Decision:
 def estimate_attr(est: Estimate, cuda_graph: bool) -> dict[str, Any]:
     """What a trial stores so that later trials can recalibrate against it."""
     return {"weights": est.weights, "pool": est.pool, "forward": est.forward,
-            "runtime": est.runtime, "cuda_graph": cuda_graph, "peak_cell": est.peak_cell}
+            "runtime": est.runtime, "cuda_graph": cuda_graph, "peak_cell": est.peak_cell,
+            "cell_forwards": dict(est.cell_forwards)}
 
 
 def _stored(t: TrialRecord) -> Mapping[str, Any] | None:

@@ -1,0 +1,76 @@
+"""Neighbours of the incumbent: the exploitation half of the proposals once the model has data.
+
+Why: TPE samples from a density over the good trials, which finds the right region quickly but
+then circles it: in the benchmark's 8B / RTX 4090 scenario the last 15 of 40 trials sat within
+a few percent of the optimum without reaching it, and a knob whose early tries all failed (CUDA
+graphs beside a tight pool) is never tried again once the good trials agree on the other value.
+The seed's team finished their search the other way: from the best config so far, one knob at
+a time.  A neighbour changes one or two knobs of an incumbent (a Pareto-optimal feasible
+trial): a categorical takes another choice, a number moves by a random step on its own scale
+(log or linear), at most a quarter of its range, never zero.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from optuna.distributions import (
+    BaseDistribution,
+    CategoricalDistribution,
+    FloatDistribution,
+    IntDistribution,
+)
+from optuna.study import StudyDirection
+
+from tuner.study.record import TrialRecord
+
+MAX_CHANGES = 2
+STEP_SCALE = 0.25   # the largest move of a number, as a share of its range (log or linear)
+
+
+def incumbents(trials: Sequence[TrialRecord],
+               directions: Sequence[StudyDirection]) -> list[TrialRecord]:
+    """The feasible, fully measured trials no other such trial dominates."""
+    done = [t for t in trials if t.feasible and t.original and t.values is not None]
+    sign = [1.0 if d == StudyDirection.MAXIMIZE else -1.0 for d in directions]
+
+    def better(a: TrialRecord, b: TrialRecord) -> bool:
+        pairs = [(s * x, s * y) for s, x, y in zip(sign, a.values or (), b.values or ())]
+        return all(x >= y for x, y in pairs) and any(x > y for x, y in pairs)
+    return [t for t in done if not any(better(o, t) for o in done if o is not t)]
+
+
+def _move(value: Any, dist: BaseDistribution, rng: random.Random) -> Any:
+    if isinstance(dist, CategoricalDistribution):
+        others = [c for c in dist.choices if c != value]
+        return rng.choice(others) if others else value
+    assert isinstance(dist, (IntDistribution, FloatDistribution))
+    low, high = float(dist.low), float(dist.high)
+    if high <= low:
+        return value
+    step = rng.uniform(0.02, STEP_SCALE) * rng.choice((-1.0, 1.0))
+    if dist.log:
+        new = math.exp(math.log(float(value)) + step * (math.log(high) - math.log(low)))
+    else:
+        new = float(value) + step * (high - low)
+    new = min(high, max(low, new))
+    if isinstance(dist, IntDistribution):
+        q = dist.step
+        n = round((new - low) / q)
+        if low + n * q == value:  # a move too small for the grid: one step the same way
+            n += 1 if step > 0 else -1
+        return int(min(high, max(low, low + n * q)))
+    return new
+
+
+def neighbour(params: Mapping[str, Any], space: Mapping[str, BaseDistribution],
+              rng: random.Random) -> dict[str, Any]:
+    """`params` (restricted to `space`) with one or two knobs moved."""
+    out = {k: params[k] for k in space if k in params}
+    movable = [k for k in out if not space[k].single()]
+    for name in rng.sample(movable, min(len(movable), rng.randint(1, MAX_CHANGES))):
+        out[name] = _move(out[name], space[name], rng)
+    return out

@@ -1,0 +1,138 @@
+"""The tuner's proposals: the sampler's candidates filtered by the memory model, and from its
+start-up on, every second proposal a neighbour of the incumbent.
+
+Why the filter: where most of the space cannot run at all (Llama-3.1-70B on an H200 leaves
+~9 GiB beside the weights; only a long-context guard with decode-first survives the 8k prompts,
+~5% of the space), TPE learns the feasible region from one OOM per measured trial and spent
+whole 40-trial budgets on launches that died.  The study's own memory model
+(`tuner.trial.kv_share`: the estimate with its runtime and forward scale calibrated from the
+OOMs and healthy runs seen) already knows most of that region.  So a proposal is drawn up to
+`TRIES` times from the wrapped sampler (during its start-up, uniformly at random: a random
+design that fits by the estimate) and the first candidate whose calibrated need fits the card
+at the smallest KV pool wins; if none does, the one closest to fitting.  The filter ranks, it
+never forbids: the estimate can be wrong, and the outcome of a config it misjudged corrects
+the calibration.  The KV pool itself is still drawn as a share of the headroom the chosen knobs
+leave.  Enqueued configs are never changed.
+
+Why the neighbours: see `tuner.study.local_moves`.  TPE finds the region, the local moves
+finish the walk; alternating keeps TPE's global view alive for a second region.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import optuna
+from optuna.distributions import BaseDistribution
+from optuna.samplers import BaseSampler, RandomSampler
+from optuna.trial import FrozenTrial, TrialState
+
+from tuner.study.local_moves import incumbents, neighbour
+from tuner.study.record import TrialRecord, config_key, records
+from tuner.trial.kv_share import KvEdge
+
+TRIES = 16      # candidates drawn per proposal at most (one TPE draw costs ~10 ms)
+
+Slack = Callable[[dict[str, Any]], float]
+SlackOf = Callable[[Sequence[TrialRecord]], Slack]
+
+
+def _fits_always(trials: Sequence[TrialRecord]) -> Slack:
+    return lambda params: 0.0
+
+
+class GuidedSampler(BaseSampler):
+    """Wraps a sampler (see module doc).  `slack_of(trials)` returns a function of a config's
+    params: the card's bytes left over by the calibrated need at the smallest KV pool (>= 0:
+    it can fit).  `startup`: the wrapped sampler's start-up length; local moves begin there."""
+
+    def __init__(self, base: BaseSampler, slack_of: SlackOf | None, startup: int,
+                 seed: int | None = None) -> None:
+        self._base = base
+        self._slack_of = slack_of or _fits_always
+        self._startup = startup
+        self._random = RandomSampler(seed=seed)
+        self._rng = random.Random(seed)
+
+    @property
+    def base(self) -> BaseSampler:
+        return self._base
+
+    def infer_relative_search_space(self, study: optuna.Study,
+                                    trial: FrozenTrial) -> dict[str, BaseDistribution]:
+        return self._base.infer_relative_search_space(study, trial)
+
+    def sample_relative(self, study: optuna.Study, trial: FrozenTrial,
+                        search_space: dict[str, BaseDistribution]) -> dict[str, Any]:
+        if not search_space or "fixed_params" in trial.system_attrs:
+            return self._base.sample_relative(study, trial, search_space)
+        trials = records(study, (TrialState.COMPLETE,))
+        slack = self._slack_of(trials)
+        if len(trials) >= self._startup and len(trials) % 2 == 0:
+            local = self._local(trials, study.directions, search_space, slack)
+            if local is not None:
+                return local
+        best: dict[str, Any] = {}
+        best_slack = -math.inf
+        for _ in range(TRIES):
+            params = self._draw(study, trial, search_space)
+            s = slack(params)
+            if s > best_slack:
+                best, best_slack = params, s
+            if s >= 0:
+                break
+        return best
+
+    def _local(self, trials: Sequence[TrialRecord], directions: Sequence[Any],
+               search_space: dict[str, BaseDistribution], slack: Slack) -> dict[str, Any] | None:
+        """A neighbour of an incumbent that fits and was not run yet; None if none was found."""
+        tops = incumbents(trials, directions)
+        if not tops:
+            return None
+        seen = {config_key({k: t.params.get(k) for k in search_space}) for t in trials}
+        for _ in range(TRIES):
+            top = self._rng.choice(tops)
+            if not search_space.keys() <= top.params.keys():
+                return None
+            cand = neighbour(top.params, search_space, self._rng)
+            if config_key(cand) not in seen and slack(cand) >= 0:
+                return cand
+        return None
+
+    def _draw(self, study: optuna.Study, trial: FrozenTrial,
+              search_space: dict[str, BaseDistribution]) -> dict[str, Any]:
+        """One candidate of the wrapped sampler; uniform while it is still in its start-up."""
+        params = self._base.sample_relative(study, trial, search_space)
+        if params:
+            return params
+        return {name: self._random.sample_independent(study, trial, name, dist)
+                for name, dist in search_space.items()}
+
+    def sample_independent(self, study: optuna.Study, trial: FrozenTrial, param_name: str,
+                           param_distribution: BaseDistribution) -> Any:
+        return self._base.sample_independent(study, trial, param_name, param_distribution)
+
+    def before_trial(self, study: optuna.Study, trial: FrozenTrial) -> None:
+        self._base.before_trial(study, trial)
+
+    def after_trial(self, study: optuna.Study, trial: FrozenTrial, state: TrialState,
+                    values: Sequence[float] | None) -> None:
+        self._base.after_trial(study, trial, state, values)
+
+    def reseed_rng(self) -> None:
+        self._base.reseed_rng()
+        self._random.reseed_rng()
+        self._rng.seed()
+
+
+def guided(sampler: BaseSampler, edge: KvEdge | None, startup: int,
+           seed: int | None) -> BaseSampler:
+    """`sampler` wrapped as the tuner proposes; unchanged for random and grid search, which
+    are asked for as such.  Without a KV edge (no card size, or --kv-absolute) the memory
+    filter passes everything."""
+    if isinstance(sampler, (RandomSampler, optuna.samplers.GridSampler)):
+        return sampler
+    return GuidedSampler(sampler, edge.slack_of if edge is not None else None, startup, seed)
