@@ -1,10 +1,73 @@
+"""Guided proposals: candidates filtered by the memory model, neighbours of the incumbent,
+choices that never started avoided."""
+
+import random
+
+import optuna
+from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution
+from optuna.study import StudyDirection
+
+from tuner.study.local_moves import incumbents, neighbour
+from tuner.study.proposals import GuidedSampler, dead_choices, guided
+from tuner.study.record import TrialRecord
+
+SPACE = {"x": IntDistribution(1, 128, log=True), "y": FloatDistribution(0.0, 1.0),
+         "c": CategoricalDistribution([16, 128, 256])}
 
 
-def test_a_knob_whose_change_alone_changed_nothing_is_inert():
-    a = _record({"x": 4, "y": 0.5, "c": 16}, value=2.0)
-    b = _record({"x": 4, "y": 0.5, "c": 256}, value=2.0)     # only c moved, same value
-    c = _record({"x": 8, "y": 0.5, "c": 16}, value=4.0)      # x matters
-    assert inert_knobs([a, b, c], ["x", "y", "c"]) == {"c"}
+def _record(params, outcome="ok", value=1.0):
+    t = optuna.trial.create_trial(params=params, distributions={k: SPACE[k] for k in params},
+                                  values=[value], user_attrs={"outcome": outcome})
+    return TrialRecord.of(t)
+
+
+def test_neighbour_moves_one_or_two_knobs_within_bounds():
     rng = random.Random(0)
-    for _ in range(50):
-        assert neighbour(a.params, SPACE, rng, inert={"c"})["c"] == 16
+    base = {"x": 16, "y": 0.5, "c": 16}
+    for _ in range(200):
+        n = neighbour(base, SPACE, rng)
+        changed = [k for k in base if n[k] != base[k]]
+        assert 1 <= len(changed) <= 2
+        assert 1 <= n["x"] <= 128 and 0.0 <= n["y"] <= 1.0 and n["c"] in (16, 128, 256)
+
+
+def test_incumbents_are_the_feasible_non_dominated_trials():
+    a, b = _record({"x": 1}, value=3.0), _record({"x": 2}, value=5.0)
+    failed = _record({"x": 3}, outcome="oom", value=9.0)
+    assert [t.params["x"] for t in incumbents([a, b, failed], [StudyDirection.MAXIMIZE])] == [2]
+    assert [t.params["x"] for t in incumbents([a, b], [StudyDirection.MINIMIZE])] == [1]
+
+
+def test_a_choice_that_never_started_is_dead_after_two_tries():
+    tries = [_record({"c": 128}, outcome="startup")]
+    assert dead_choices(tries, SPACE) == set()
+    tries.append(_record({"c": 128}, outcome="startup"))
+    assert dead_choices(tries, SPACE) == {("c", 128)}
+    tries.append(_record({"c": 128}, outcome="ok"))   # it did start once: not the value's fault
+    assert dead_choices(tries, SPACE) == set()
+
+
+def _objective(trial):
+    x = trial.suggest_int("x", 1, 128, log=True)
+    y = trial.suggest_float("y", 0.0, 1.0)
+    return x * y if x <= 8 else 0.0   # larger x runs out of memory
+
+
+def test_proposals_prefer_candidates_that_fit():
+    """Only x <= 8 fits: with the filter nearly every proposal fits, even the random start-up
+    ones; plain TPE draws x log-uniformly at first (about 3 in 7 fit)."""
+    slack_of = lambda trials: (lambda params: 8.0 - params["x"])  # noqa: E731
+    sampler = GuidedSampler(optuna.samplers.TPESampler(seed=1, multivariate=True,
+                                                       n_startup_trials=10), slack_of, 10, seed=1)
+    study = optuna.create_study(direction="maximize", sampler=sampler)
+    study.enqueue_trial({"x": 4, "y": 0.5})
+    optuna.logging.set_verbosity(optuna.logging.ERROR)
+    study.optimize(_objective, n_trials=30)
+    fits = sum(t.params["x"] <= 8 for t in study.trials[1:])
+    assert fits >= 22   # plain TPE, same seed: 18
+
+
+def test_random_and_grid_are_left_alone():
+    rnd = optuna.samplers.RandomSampler(seed=0)
+    assert guided(rnd, None, 10, 0) is rnd
+    assert isinstance(guided(optuna.samplers.TPESampler(seed=0), None, 10, 0), GuidedSampler)

@@ -132,3 +132,28 @@ def test_screening_only_when_it_saves_at_least_half_the_matrix():
                             screen_cells=3)
     assert pipe._screener([], 5, {}) is None          # 3 of 5 cells: saves too little
     assert pipe._screener([], 6, {}) is not None
+
+
+def test_an_oom_is_charged_to_the_cell_it_happened_in():
+    """The estimate's peak cell ran first and held; the OOM came in the next cell: the first
+    cell's scale is bounded from above, the second's from below."""
+    est = Estimate(15 * GIB, 4 * GIB, 2 * GIB, 2 * GIB, "big",
+                   cell_forwards=(("big", 2 * GIB), ("small", GIB)))
+    t = TrialRecord.of(optuna.trial.create_trial(
+        params={"x": 1}, distributions={"x": IntDistribution(0, 2)}, values=[0.0],
+        user_attrs={"memory_estimate": estimate_attr(est, False), "outcome": "oom",
+                    "cells": [{"cell": {"key": "big"}}, {"cell": {"key": "small"}}]}))
+    cal = calibrate([t], CAP)     # room = 24 - 15 - 4 - 2 = 3 GiB
+    assert cal.scale == {"big": (0.0, 1.5), "small": (3.0, math.inf)}
+    assert cal.k("big") == 1.0 and cal.k("small") == 5.0
+
+
+def test_slack_is_what_the_smallest_pool_leaves():
+    space = _space()
+    edge = KvEdge(space, MODEL, CAP, CELLS)
+    p = kv_param(space)
+    assert p is not None
+    params = {"block_size": 16, "max_batch_size": 8, "max_num_batched_tokens": 8192}
+    need = estimate(MODEL, knobs_from_params(space, {**params, p.name: int(p.low)}),
+                    list(CELLS)).need
+    assert edge.slack_of([])(params) == CAP - need

@@ -26,7 +26,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import optuna
-from optuna.distributions import BaseDistribution
+from optuna.distributions import BaseDistribution, CategoricalDistribution
 from optuna.samplers import BaseSampler, RandomSampler
 from optuna.trial import FrozenTrial, TrialState
 
@@ -35,6 +35,7 @@ from tuner.study.record import TrialRecord, config_key, records
 from tuner.trial.kv_share import KvEdge
 
 TRIES = 16      # candidates drawn per proposal at most (one TPE draw costs ~10 ms)
+DEAD_AFTER = 2  # start-up failures, with no start, that mark a categorical choice dead
 
 Slack = Callable[[dict[str, Any]], float]
 SlackOf = Callable[[Sequence[TrialRecord]], Slack]
@@ -42,6 +43,30 @@ SlackOf = Callable[[Sequence[TrialRecord]], Slack]
 
 def _fits_always(trials: Sequence[TrialRecord]) -> Slack:
     return lambda params: 0.0
+
+
+def dead_choices(trials: Sequence[TrialRecord],
+                 search_space: dict[str, BaseDistribution]) -> set[tuple[str, Any]]:
+    """(knob, choice) pairs that failed to start in `DEAD_AFTER` trials and never started: a
+    value the server rejects (the seed's block size 128 did not compile), whatever the rest."""
+    out = set()
+    for name, dist in search_space.items():
+        if not isinstance(dist, CategoricalDistribution):
+            continue
+        for choice in dist.choices:
+            seen = [t.outcome for t in trials if t.params.get(name) == choice
+                    and t.outcome != "skipped"]
+            if seen.count("startup") >= DEAD_AFTER and len(seen) == seen.count("startup"):
+                out.add((name, choice))
+    return out
+
+
+def _avoiding(dead: set[tuple[str, Any]], slack: Slack) -> Slack:
+    """`slack`, but minus infinity for a config with a dead choice."""
+    if not dead:
+        return slack
+    return lambda params: (-math.inf if any(params.get(n) == c for n, c in dead)
+                           else slack(params))
 
 
 class GuidedSampler(BaseSampler):
@@ -70,7 +95,7 @@ class GuidedSampler(BaseSampler):
         if not search_space or "fixed_params" in trial.system_attrs:
             return self._base.sample_relative(study, trial, search_space)
         trials = records(study, (TrialState.COMPLETE,))
-        slack = self._slack_of(trials)
+        slack = _avoiding(dead_choices(trials, search_space), self._slack_of(trials))
         if len(trials) >= self._startup and len(trials) % 2 == 0:
             local = self._local(trials, study.directions, search_space, slack)
             if local is not None:
@@ -80,7 +105,7 @@ class GuidedSampler(BaseSampler):
         for _ in range(TRIES):
             params = self._draw(study, trial, search_space)
             s = slack(params)
-            if s > best_slack:
+            if s > best_slack or not best:
                 best, best_slack = params, s
             if s >= 0:
                 break

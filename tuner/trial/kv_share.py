@@ -82,7 +82,7 @@ def _cell_evidence(t: TrialRecord, attr: Mapping[str, Any]) -> list[tuple[str, b
             for row in t.cells]
     if not keys or None in keys:          # no cell keys stored: the estimate's peak cell
         return [(attr["peak_cell"], t.outcome == "oom")]
-    return [(k, t.outcome == "oom" and i == len(keys) - 1) for i, k in enumerate(keys)]
+    return [(str(k), t.outcome == "oom" and i == len(keys) - 1) for i, k in enumerate(keys)]
 
 
 def calibrate(trials: Sequence[TrialRecord], capacity: int) -> Calibration:
