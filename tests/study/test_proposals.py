@@ -7,7 +7,7 @@ import optuna
 from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution
 from optuna.study import StudyDirection
 
-from tuner.study.local_moves import incumbents, neighbour
+from tuner.study.local_moves import incumbents, inert_knobs, neighbour
 from tuner.study.proposals import GuidedSampler, dead_choices, guided
 from tuner.study.record import TrialRecord
 
@@ -71,3 +71,13 @@ def test_random_and_grid_are_left_alone():
     rnd = optuna.samplers.RandomSampler(seed=0)
     assert guided(rnd, None, 10, 0) is rnd
     assert isinstance(guided(optuna.samplers.TPESampler(seed=0), None, 10, 0), GuidedSampler)
+
+
+def test_a_knob_whose_change_alone_changed_nothing_is_inert():
+    a = _record({"x": 4, "y": 0.5, "c": 16}, value=2.0)
+    b = _record({"x": 4, "y": 0.5, "c": 256}, value=2.0)     # only c moved, same value
+    c = _record({"x": 8, "y": 0.5, "c": 16}, value=4.0)      # x matters
+    assert inert_knobs([a, b, c], ["x", "y", "c"]) == {"c"}
+    rng = random.Random(0)
+    for _ in range(50):
+        assert neighbour(a.params, SPACE, rng, inert={"c"})["c"] == 16

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import math
 import random
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
 from optuna.distributions import (
@@ -43,6 +43,22 @@ def incumbents(trials: Sequence[TrialRecord],
     return [t for t in done if not any(better(o, t) for o in done if o is not t)]
 
 
+def inert_knobs(trials: Sequence[TrialRecord], names: Sequence[str]) -> set[str]:
+    """Knobs whose change alone left every objective value equal (to 1e-9): two measured
+    configs that differ in that knob only.  Moving such a knob measures the same config again;
+    on a real server noise keeps any two runs apart, so this only fires on a deterministic
+    one (the simulator), where the budget would otherwise go to exact repeats."""
+    runs = [t for t in trials if t.outcome in ("ok", "slo") and t.original and t.values]
+    out: set[str] = set()
+    for i, a in enumerate(runs):
+        for b in runs[i + 1:]:
+            diff = [n for n in names if a.params.get(n) != b.params.get(n)]
+            if len(diff) == 1 and all(math.isclose(x, y, rel_tol=1e-9)
+                                      for x, y in zip(a.values or (), b.values or ())):
+                out.add(diff[0])
+    return out
+
+
 def _move(value: Any, dist: BaseDistribution, rng: random.Random) -> Any:
     if isinstance(dist, CategoricalDistribution):
         others = [c for c in dist.choices if c != value]
@@ -67,10 +83,10 @@ def _move(value: Any, dist: BaseDistribution, rng: random.Random) -> Any:
 
 
 def neighbour(params: Mapping[str, Any], space: Mapping[str, BaseDistribution],
-              rng: random.Random) -> dict[str, Any]:
-    """`params` (restricted to `space`) with one or two knobs moved."""
+              rng: random.Random, inert: Collection[str] = ()) -> dict[str, Any]:
+    """`params` (restricted to `space`) with one or two knobs moved, not the `inert` ones."""
     out = {k: params[k] for k in space if k in params}
-    movable = [k for k in out if not space[k].single()]
+    movable = [k for k in out if not space[k].single() and k not in inert]
     for name in rng.sample(movable, min(len(movable), rng.randint(1, MAX_CHANGES))):
         out[name] = _move(out[name], space[name], rng)
     return out

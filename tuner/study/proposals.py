@@ -30,7 +30,7 @@ from optuna.distributions import BaseDistribution, CategoricalDistribution
 from optuna.samplers import BaseSampler, RandomSampler
 from optuna.trial import FrozenTrial, TrialState
 
-from tuner.study.local_moves import incumbents, neighbour
+from tuner.study.local_moves import incumbents, inert_knobs, neighbour
 from tuner.study.record import TrialRecord, config_key, records
 from tuner.trial.kv_share import KvEdge
 
@@ -118,11 +118,12 @@ class GuidedSampler(BaseSampler):
         if not tops:
             return None
         seen = {config_key({k: t.params.get(k) for k in search_space}) for t in trials}
+        inert = inert_knobs(trials, list(search_space))
         for _ in range(TRIES):
             top = self._rng.choice(tops)
             if not search_space.keys() <= top.params.keys():
                 return None
-            cand = neighbour(top.params, search_space, self._rng)
+            cand = neighbour(top.params, search_space, self._rng, inert)
             if config_key(cand) not in seen and slack(cand) >= 0:
                 return cand
         return None
