@@ -13,7 +13,8 @@ can beat it, so the reference each ratio divides by is the larger of that and th
 study of the scenario found (the best known).  Methods, 10 seeds, one 40-measured-trial study per seed and method (budgets 10,
 20, 30 are its prefixes of measured trials; the tuner's TPE start-up length is set for 40):
 * tuner: `tune`'s defaults (KV as a share of the headroom, pre-screen, 3 screening cells,
-  runnable default as trial 0, multivariate TPE with constraints);
+  runnable default as trial 0, multivariate TPE with constraints, guided proposals:
+  `tuner.study.proposals`);
 * tpe: plain Optuna (TPESampler(seed=...), absolute KV, full matrix, nothing enqueued);
 * random: RandomSampler, full matrix;  * grid: GridSampler over the ground-truth grid.
 
