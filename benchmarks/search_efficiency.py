@@ -87,10 +87,13 @@ def setting(sc: Scenario) -> tuple[TrialContext, Any, int]:
 
 
 def grid_of(space: SearchSpace) -> dict[str, list[Any]]:
-    """The grid method's grid: the fixed KV shares of the range times BASE_GRID."""
+    """The grid method's grid: the fixed KV shares of the range times BASE_GRID; a knob the
+    space has and BASE_GRID lacks is held at the server's default, as in the ground truth."""
     p = space.param("kv_cache_tokens")
     kv = sorted({int(p.low + s * (p.high - p.low)) for s in KV_SHARES})
-    return {"kv_cache_tokens": kv, **BASE_GRID}
+    held = {q.name: [q.default] for q in space.parameters
+            if q.name not in BASE_GRID and q.name != p.name and q.default is not None}
+    return {"kv_cache_tokens": kv, **BASE_GRID, **held}
 
 
 def combo_truth(sc: Scenario, combo: dict[str, Any]) -> list[dict[str, Any]]:
