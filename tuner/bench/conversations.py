@@ -22,44 +22,29 @@ from tuner.bench.pacing import SendClock
 from tuner.bench.prompts import PromptMaker, render_prompt
 from tuner.bench.records import RequestRecord
 from tuner.bench.sources import RequestSpec
+from tuner.bench.texts import TextCollector
 from tuner.bench.turns import Turn, TurnQueue
 
 if TYPE_CHECKING:
     from tuner.bench.runner import _CellRun
 
 
-def answer_text(data: str) -> str:
-    """The generated text of one SSE event ('' for anything else)."""
-    try:
-        obj = json.loads(data)
-    except ValueError:
-        return ""
-    choices = obj.get("choices") if isinstance(obj, dict) else None
-    if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
-        return ""
-    choice = choices[0]
-    delta = choice.get("delta")
-    text = delta.get("content") if isinstance(delta, dict) else choice.get("text")
-    return text if isinstance(text, str) else ""
-
-
-class AnswerTap:
+class AnswerTap(TextCollector):
     """The client's event hook for a multi-turn cell: keeps each request's answer text (the
-    caller's own hook still sees every event)."""
+    caller's own hook, `inner`, still sees every event)."""
 
     def __init__(self, inner: EventHook | None) -> None:
+        super().__init__()
         self.inner = inner
-        self.texts: dict[int, list[str]] = {}
 
     def __call__(self, record: RequestRecord, data: str, arrival: float) -> None:
         if self.inner is not None:
             self.inner(record, data, arrival)
-        text = answer_text(data)
-        if text:
-            self.texts.setdefault(id(record), []).append(text)
+        super().__call__(record, data, arrival)
 
     def take(self, record: RequestRecord) -> str:
-        return "".join(self.texts.pop(id(record), []))
+        """`record`'s answer, forgotten here once taken."""
+        return "".join(self._parts.pop(id(record), []))
 
 
 class Chats:
