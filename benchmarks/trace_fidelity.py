@@ -84,7 +84,10 @@ def cpu_pressure_us() -> int | None:
 
 
 def baseline_tree(ref: str, dest: Path) -> Path:
-    """The `tuner` package as of git ref `ref`, exported under `dest`."""
+    """The `tuner` package as of git ref `ref`, exported under `dest`; a directory that holds a
+    `tuner` package is taken as it is."""
+    if (Path(ref) / "tuner").is_dir():
+        return Path(ref)
     dest.mkdir()
     archive = subprocess.run(["git", "archive", ref, "tuner"], check=True, cwd=ROOT,
                              stdout=subprocess.PIPE).stdout
@@ -148,7 +151,8 @@ def main() -> int:
     ap.add_argument("--ttft-ms", type=float, default=20.0)
     ap.add_argument("--itl-ms", type=float, default=10.0)
     ap.add_argument("--baseline", metavar="REF",
-                    help="also replay with the tuner package of this git ref, run by run")
+                    help="also replay with the tuner package of this git ref (or of this "
+                         "directory), run by run")
     args = ap.parse_args()
     port = free_port()
     url = f"http://127.0.0.1:{port}"

@@ -15,16 +15,12 @@ is done about each:
 - a full garbage collection of a benchmark's objects took up to 60 ms; during an open-loop cell
   the objects that exist before it are frozen out of collection and the collector is paused,
   then everything is collected once the cell ends.
+- asking the kernel for a short scheduler slice (Linux 6.12+ sched_setattr) so that wake-ups
+  preempt CPU-bound neighbours sooner was tried and measured: no better, p50 and p99 slightly
+  worse (benchmarks/README.md), so it is not done.
 
-- on a machine whose cores are busy with other processes, a woken client waited for a core for
-  a scheduler slice (~4 ms) or more.  Linux 6.12+ lets an ordinary thread ask for a short slice
-  (sched_setattr's `sched_runtime` for SCHED_OTHER, no privilege needed): its wake-ups then
-  preempt CPU-bound neighbours sooner, while its share of the CPU (its weight) stays the same.
-  The event loop's thread asks for the shortest slice while an open-loop cell runs.
-
-What stays out of our hands is starvation beyond that (more runnable work than cores for long
-stretches): `benchmarks/trace_fidelity.py` reports the client's run-queue wait next to the send
-error.
+What stays out of our hands is CPU starvation by other processes (more runnable work than
+cores): `benchmarks/trace_fidelity.py` reports the client's run-queue wait next to the send error.
 """
 
 from __future__ import annotations
@@ -56,8 +52,6 @@ COARSE_LEAD_S = 0.002
 SPARE_CONNECTIONS = 2  # idle connections an open loop keeps ready (see ConnectionPool.top_up)
 _CLOCK_MONOTONIC = 1
 _TFD_NONBLOCK, _TFD_CLOEXEC, _TFD_TIMER_ABSTIME = os.O_NONBLOCK, os.O_CLOEXEC, 1
-_SYS_SCHED_SETATTR = {"x86_64": 314, "aarch64": 274}
-SHORT_SLICE_NS = 100_000  # the kernel's lower bound for a requested slice
 
 
 class _Timespec(ctypes.Structure):
@@ -66,13 +60,6 @@ class _Timespec(ctypes.Structure):
 
 class _Itimerspec(ctypes.Structure):
     _fields_ = [("it_interval", _Timespec), ("it_value", _Timespec)]
-
-
-class _SchedAttr(ctypes.Structure):
-    _fields_ = [("size", ctypes.c_uint32), ("sched_policy", ctypes.c_uint32),
-                ("sched_flags", ctypes.c_uint64), ("sched_nice", ctypes.c_int32),
-                ("sched_priority", ctypes.c_uint32), ("sched_runtime", ctypes.c_uint64),
-                ("sched_deadline", ctypes.c_uint64), ("sched_period", ctypes.c_uint64)]
 
 
 def _libc() -> ctypes.CDLL | None:
@@ -137,29 +124,6 @@ class SendClock:
             self._fd = -1
 
 
-def _set_slice(ns: int) -> bool:
-    """Ask for a scheduler slice of `ns` (0: the default) for this thread, keeping its policy
-    (SCHED_OTHER only) and nice value; False where the kernel or the policy does not allow it."""
-    number = _SYS_SCHED_SETATTR.get(os.uname().machine)
-    if _LIBC is None or number is None or os.sched_getscheduler(0) != os.SCHED_OTHER:
-        return False
-    attr = _SchedAttr(size=ctypes.sizeof(_SchedAttr), sched_nice=os.getpriority(
-        os.PRIO_PROCESS, 0), sched_runtime=ns)
-    return _LIBC.syscall(number, 0, ctypes.byref(attr), 0) == 0
-
-
-@contextlib.contextmanager
-def short_slice() -> Iterator[bool]:
-    """This thread asks for the shortest scheduler slice while the block runs (see the module
-    docstring); yields whether the kernel took it."""
-    took = _set_slice(SHORT_SLICE_NS)
-    try:
-        yield took
-    finally:
-        if took:
-            _set_slice(0)
-
-
 @contextlib.contextmanager
 def paused_gc() -> Iterator[None]:
     """No garbage collection while the schedule runs: what exists before is frozen (a later
@@ -214,7 +178,7 @@ async def open_loop(
     clock = SendClock()
     offset = 0.0
     try:
-        with paused_gc(), short_slice():
+        with paused_gc():
             t0 = time.perf_counter()
             for i in itertools.count():
                 if run.cell.num_prompts is not None and i >= run.cell.num_prompts:
