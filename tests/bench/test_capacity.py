@@ -98,7 +98,8 @@ def test_sim_capacity_cuts_overloaded_steps_short():
     res = sim_capacity(open_engine(MODEL, "rtx4090", ARGS, {}), cell, SPEC, SLO)
     assert 0.5 <= res.capacity_rps < 64
     failed = [s for s in res.steps if not s.passed]
-    assert failed and all(s.cut_short for s in failed)
+    # overloaded steps are cut short; one just past the edge may fail on its final p99 only
+    assert failed and all(s.cut_short for s in failed if s.rate > 1.5 * res.capacity_rps)
     assert all(s.sent < SPEC.step_requests for s in failed if s.rate > 2 * res.capacity_rps)
     passed = [s for s in res.steps if s.passed]
     assert all(s.metrics["p99_ttft_ms"] <= 500 and s.metrics["completed"] == 48 for s in passed)

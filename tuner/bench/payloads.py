@@ -12,6 +12,7 @@ import random
 import uuid
 
 from tuner.bench.client import StreamClient
+from tuner.bench.conversations import Chats
 from tuner.bench.prompts import PromptMaker, render_prompt
 from tuner.bench.records import Cell
 
@@ -19,7 +20,9 @@ SIM_PLAN_HEADER = "X-Tuner-Sim-Plan"  # tuner.sim.admission reads it
 # Distinct prompts per cell; beyond this they repeat (far apart, so prefix caches rarely help),
 # and building them never happens while the cell is being measured.
 MAX_PROMPT_POOL = 512
-Payloads = tuple[list[bytes], "list[float] | None"]  # request bytes, a trace's arrival offsets
+# request bytes, a trace's arrival offsets, a multi-turn cell's conversations (whose requests are
+# built as they are sent: each holds the answers before it)
+Payloads = tuple[list[bytes], "list[float] | None", "Chats | None"]
 
 
 def plan_headers(cell: Cell, total: int) -> dict[str, str]:
@@ -38,14 +41,18 @@ def payloads(client: StreamClient, maker: PromptMaker, cell: Cell, rng: random.R
     if cell.source is not None:
         specs = cell.source.requests(seed, maker)
         trace = specs[0].arrival_s is not None
+        if specs[0].turn_of is not None:
+            headers = plan_headers(cell, cell.num_prompts or 0) if sim else None
+            sessions = None if cell.request_rate else cell.concurrency
+            return [], None, Chats(specs, client, maker, rng, sessions, headers)
         headers = plan_headers(cell, len(specs)) if sim and not trace else None
         shared: dict[tuple[str, int], str] = {}
         data = [client.prepare(render_prompt(s, maker, rng, shared), s.output_len, headers)
                 for s in specs]
-        return data, [s.arrival_s or 0.0 for s in specs] if trace else None
+        return data, [s.arrival_s or 0.0 for s in specs] if trace else None, None
     n = max(2 * cell.concurrency, min(cell.num_prompts or MAX_PROMPT_POOL, MAX_PROMPT_POOL))
     if cell.num_prompts is not None:
         n = min(n, cell.num_prompts)
     headers = plan_headers(cell, cell.num_prompts or 0) if sim else None
     return [client.prepare(maker.make(cell.input_len, rng), cell.output_len, headers)
-            for _ in range(max(n, 1))], None
+            for _ in range(max(n, 1))], None, None

@@ -61,6 +61,7 @@ class RequestRecord:
     error: str | None = None
     error_class: str | None = None
     sim: bool = False  # times are the server's simulated seconds, not the client's clock
+    turn_of: tuple[int, int] | None = None  # multi-turn traffic: (conversation, turn)
 
     @property
     def ok(self) -> bool:

@@ -32,9 +32,11 @@ from tuner.bench.client import (
     EventHook,
     StreamClient,
 )
+from tuner.bench.conversations import conversation_loop
 from tuner.bench.health import HANG, SERVER_DIED, UNHEALTHY, HealthWatch, stall_watch
 from tuner.bench.health import time_scale as sim_time_scale
 from tuner.bench.metrics import cell_metrics
+from tuner.bench.pacing import open_loop
 from tuner.bench.payloads import Payloads, payloads
 from tuner.bench.prompts import PromptMaker
 from tuner.bench.records import Cell, CellResult, RequestRecord, Warmup
@@ -43,10 +45,6 @@ CUT_SHORT = "cut_short"  # a capacity step ended early by its watch: the server 
 FATAL = (UNHEALTHY, SERVER_DIED, HANG)  # the server is gone: later cells are not run
 # (records so far, waiting times in ms of those without a first token) -> end the cell now
 CellWatch = Callable[[list[RequestRecord], list[float]], bool]
-# asyncio wakes timers up to a millisecond late (epoll's timeout is in ms): the last stretch
-# before a scheduled send is spent yielding to the loop instead, so sends land on time.
-SPIN_S = 0.002
-SPARE_CONNECTIONS = 2  # idle connections an open loop keeps ready (see ConnectionPool.top_up)
 
 
 class _CellRun:
@@ -130,61 +128,6 @@ async def _closed_loop(run: _CellRun, deadline: float | None) -> None:
     await asyncio.gather(*(worker() for _ in range(run.cell.concurrency)))
 
 
-async def sleep_until(t: float) -> None:
-    """Sleep until perf_counter() reaches `t`, to well under a millisecond."""
-    delay = t - time.perf_counter() - SPIN_S
-    if delay > 0:
-        await asyncio.sleep(delay)
-    while time.perf_counter() < t:
-        await asyncio.sleep(0)
-
-
-def _arrival(run: _CellRun, i: int, rng: random.Random, prev: float) -> float:
-    """Seconds from the cell's start to request i: the trace's (repeated past its end), or the
-    previous arrival plus an exponential gap."""
-    if run.arrivals is None:
-        assert run.cell.request_rate is not None
-        return prev + rng.expovariate(run.cell.request_rate)
-    span = run.arrivals[-1] + 1e-3
-    return (i // len(run.arrivals)) * span + run.arrivals[i % len(run.arrivals)]
-
-
-def _done(sem: asyncio.Semaphore, tasks: set[asyncio.Task], task: asyncio.Task) -> None:
-    """A request of an open-loop cell ended: free its slot."""
-    sem.release()
-    tasks.discard(task)
-
-
-async def _open_loop(
-    run: _CellRun, deadline: float | None, rng: random.Random, time_scale: float
-) -> None:
-    sem = asyncio.Semaphore(run.cell.concurrency)
-    tasks: set[asyncio.Task] = set()
-    t0 = time.perf_counter()
-    offset = 0.0
-    try:
-        for i in itertools.count():
-            if run.cell.num_prompts is not None and i >= run.cell.num_prompts:
-                break
-            offset = _arrival(run, i, rng, offset)
-            await sleep_until(t0 + offset / time_scale)
-            if run.stop.is_set():
-                break
-            if deadline is not None and time.perf_counter() >= deadline:
-                break
-            await sem.acquire()
-            task = asyncio.create_task(run.one(i))
-            tasks.add(task)
-            task.add_done_callback(functools.partial(_done, sem, tasks))
-            spare = asyncio.create_task(run.client.pool.top_up(SPARE_CONNECTIONS))
-            tasks.add(spare)
-            spare.add_done_callback(tasks.discard)
-        if tasks:
-            await asyncio.gather(*tasks)
-    finally:
-        await cancel_and_wait(tasks)
-
-
 async def _run_cell(client: StreamClient, cell: Cell, payloads: Payloads, *,  # noqa: PLR0913
                     health: HealthWatch | None, rng: random.Random, time_scale: float,
                     stall_timeout_s: float, slo_ms: Mapping[str, float] | None, progress: bool,
@@ -195,10 +138,13 @@ async def _run_cell(client: StreamClient, cell: Cell, payloads: Payloads, *,  # 
         flaps_before = health.flaps if health is not None else 0
         start = time.perf_counter()
         deadline = start + cell.duration_s / time_scale if cell.duration_s is not None else None
-        if cell.request_rate is None and payloads[1] is None:
+        if payloads[2] is not None:
+            driver = asyncio.create_task(conversation_loop(run, payloads[2], deadline, rng,
+                                                           time_scale))
+        elif cell.request_rate is None and payloads[1] is None:
             driver = asyncio.create_task(_closed_loop(run, deadline))
         else:
-            driver = asyncio.create_task(_open_loop(run, deadline, rng, time_scale))
+            driver = asyncio.create_task(open_loop(run, deadline, rng, time_scale))
         client.activity.last = start
         helpers = [asyncio.create_task(run.stop.wait()),
                    asyncio.create_task(stall_watch(client.activity, stall_timeout_s, run.end))]

@@ -13,6 +13,7 @@ blocks; the HTTP client renders each key into the same text every time.
 
 from __future__ import annotations
 
+import itertools
 import random
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -38,6 +39,9 @@ class RequestSpec:
     arrival_s: float | None = None   # offset from the cell's start (traces)
     text: str | None = None          # the prompt as given (datasets, traces with prompts)
     segments: tuple[tuple[str, int], ...] = ()  # shared leading content: (key, tokens)
+    # multi-turn: (conversation, turn); turn k+1 is sent once turn k's answer has ended, and
+    # its prompt is turn k's prompt, that answer, then a new question (tuner.bench.conversations)
+    turn_of: tuple[int, int] | None = None
 
 
 class Counter(Protocol):
@@ -119,8 +123,9 @@ def _clip(segments: tuple[tuple[str, int], ...], limit: int) -> tuple[tuple[str,
 class SharedPrefixSource:
     """`groups` system prompts of `prefix_len` tokens, each shared by `conversations` chats of
     `turns` turns; turn t's prompt is the system prompt, the earlier turns (question of
-    `suffix_len` tokens, answer of `output_len`) and a new question.  Requests are ordered turn
-    by turn, so a conversation's history was usually answered before its next turn is sent."""
+    `suffix_len` tokens, answer of `output_len`) and a new question.  Requests are listed turn
+    by turn; each carries its `turn_of`, and a turn is sent only after the answer to the one
+    before it (tuner.bench.conversations), whose text the HTTP client puts in the history."""
 
     groups: int
     prefix_len: int
@@ -131,17 +136,18 @@ class SharedPrefixSource:
     label: str = "shared_prefix"
 
     def requests(self, seed: int, counter: Counter) -> list[RequestSpec]:
+        chats = list(itertools.product(range(self.groups), range(self.conversations)))
         out = []
         for t in range(self.turns):
-            for g in range(self.groups):
-                for c in range(self.conversations):
-                    segs: list[tuple[str, int]] = [(f"{seed}:sys{g}", self.prefix_len)]
-                    for k in range(t + 1):
-                        segs.append((f"{seed}:q{g}.{c}.{k}", self.suffix_len))
-                        if k < t:
-                            segs.append((f"{seed}:a{g}.{c}.{k}", self.output_len))
-                    n_in = sum(n for _, n in segs)
-                    out.append(RequestSpec(n_in, self.output_len, segments=tuple(segs)))
+            for conv, (g, c) in enumerate(chats):
+                segs: list[tuple[str, int]] = [(f"{seed}:sys{g}", self.prefix_len)]
+                for k in range(t + 1):
+                    segs.append((f"{seed}:q{g}.{c}.{k}", self.suffix_len))
+                    if k < t:
+                        segs.append((f"{seed}:a{g}.{c}.{k}", self.output_len))
+                n_in = sum(n for _, n in segs)
+                out.append(RequestSpec(n_in, self.output_len, segments=tuple(segs),
+                                       turn_of=(conv, t)))
         return out
 
 

@@ -24,6 +24,7 @@ from tuner.sim.engine import Engine, SimRequest
 from tuner.sim.prefix_cache import segment_block_hashes
 from tuner.sim.profiles import get_profile
 from tuner.sim.prompts import CHAT_TEMPLATE_TOKENS
+from tuner.sim.turns import ChatFeed, Watch, drive_turns
 
 
 @dataclass
@@ -36,10 +37,12 @@ class SimCellResult(CellResult):
     log: list[str] = field(default_factory=list)
 
 
-def to_record(req: SimRequest, failure: str | None) -> RequestRecord:
+def to_record(req: SimRequest, failure: str | None,
+              turn_of: tuple[int, int] | None = None) -> RequestRecord:
     """The request as a client would have recorded it, in simulated seconds."""
     rec = RequestRecord(send_time=req.arrival, token_times=req.token_times,
-                        prompt_tokens=req.prompt_len, completion_tokens=req.generated)
+                        prompt_tokens=req.prompt_len, completion_tokens=req.generated,
+                        turn_of=turn_of)
     if req.error:
         rec.error, rec.error_class = req.error, "rejected"
     elif not req.finished:
@@ -48,7 +51,8 @@ def to_record(req: SimRequest, failure: str | None) -> RequestRecord:
 
 
 class RequestFeed:
-    """The i-th request of a cell: its lengths, block hashes and (traces) arrival offset."""
+    """The i-th request of a cell: its lengths, block hashes and (traces) arrival offset; a
+    multi-turn cell's turns come from `chats` instead (tuner.sim.turns)."""
 
     def __init__(self, cell: Cell, seed: int, template: int, block_size: int,
                  caching: bool) -> None:
@@ -58,6 +62,8 @@ class RequestFeed:
         self.trace = self.specs is not None and self.specs[0].arrival_s is not None
         self.block_size = block_size if caching else 0
         self._hashes: dict[int, tuple[int, ...]] = {}
+        self.chats = ChatFeed(self.specs, cell, template, self.block_size) \
+            if self.specs and self.specs[0].turn_of is not None else None
 
     def spec(self, i: int) -> RequestSpec:
         return self.specs[i % len(self.specs)] if self.specs else self.default
@@ -79,7 +85,6 @@ class RequestFeed:
         return self._hashes[key]
 
 
-Watch = Callable[[list[SimRequest], float], bool]  # (requests so far, clock) -> stop now
 
 
 def run_cell(engine: Engine, cell: Cell, feed: RequestFeed, rng: np.random.Generator,
@@ -89,6 +94,9 @@ def run_cell(engine: Engine, cell: Cell, feed: RequestFeed, rng: np.random.Gener
     `concurrency` in flight, and a request that arrives while every slot is busy is sent when
     one frees.  `watch` may end the cell early: what is still queued or running is aborted."""
     start = engine.clock
+    if feed.chats is not None:
+        sent, cut = drive_turns(engine, cell, feed.chats, rng, watch)
+        return _result(engine, cell, sent, start, log, cut, feed.chats.turn_of)
     limit = cell.num_prompts if cell.num_prompts is not None else math.inf
     if limit == math.inf and cell.duration_s is None:
         limit = cell.concurrency
@@ -127,15 +135,15 @@ def run_cell(engine: Engine, cell: Cell, feed: RequestFeed, rng: np.random.Gener
         if watch is not None and watch(reqs, engine.clock):
             cut = True
             break
-    return _result(engine, cell, reqs, start, log, cut)
+    return _result(engine, cell, reqs, start, log, cut, {})
 
 
 def _result(engine: Engine, cell: Cell, reqs: list[SimRequest], start: float, log: list[str],
-            cut: bool) -> SimCellResult:
+            cut: bool, turn_of: Mapping[int, tuple[int, int]]) -> SimCellResult:
     end = max([start] + [r.token_times[-1] for r in reqs if r.token_times])
     if engine.failed is not None or cut:
         end = max(end, engine.clock)
-    records = [to_record(r, engine.failed) for r in reqs]
+    records = [to_record(r, engine.failed, turn_of.get(r.rid)) for r in reqs]
     if cut:
         engine.abort_all()
         records = [r for r in records if r.error_class != "oom"]  # unfinished: cut, not failed

@@ -73,8 +73,9 @@ class Engine:
 
     def submit(self, prompt_len: int, max_tokens: int, arrival: float,
                hashes: tuple[int, ...] = ()) -> SimRequest:
-        """Queue a request that reached the server at simulated time `arrival`; `hashes` are its
-        prompt's full-block hashes (tuner.sim.prefix_cache), empty when nothing is shared.
+        """Queue a request that reached the server at simulated time `arrival`; `hashes` are the
+        full-block hashes (tuner.sim.prefix_cache) of its prompt and of the answer it will get,
+        empty when nothing is shared.
 
         A request that can never run (more blocks than the pool, or longer than the model's
         context) fails at once with a reason instead of waiting forever as upstream would.
@@ -175,6 +176,13 @@ class Engine:
 
     def _finish(self, req: SimRequest) -> None:
         req.finished = True
+        if self.cache.enabled and req.error is None:
+            # the answer's full blocks (the last token's KV is never computed) are published as
+            # the prompt's were: a follow-up turn whose history holds this answer reuses them
+            bs = self.cfg.block_size
+            taken = self.cache.register(req.hashes[req.prompt_len // bs:(req.context - 1) // bs])
+            req.held += taken
+            req.blocks -= len(taken)
         self.free_blocks += req.blocks
         self.cache.release(req.held)
         self.running.remove(req)

@@ -12,10 +12,13 @@ Facts from InfiniTensor/InfiniLM `python/infinilm/llm/cache_manager.py` (`BlockM
 * hashes are registered after the prefill step, so requests prefilled in the same step do not
   share with each other.
 
+* blocks filled during decode are hashed too (`append_slot`), so a multi-turn follow-up whose
+  history holds the answer reuses the answer's blocks as well.
+
 Differences, on purpose: eviction here is least-recently-used (upstream frees zero-reference
-blocks in its set's iteration order), and blocks filled during decode are not registered
-(upstream hashes them in `append_slot`), so a multi-turn history reuses the earlier prompts but
-recomputes the earlier answers.  Prefill time is charged for the computed tokens only.
+blocks in its set's iteration order), and an answer's blocks are published when the request
+finishes rather than as each fills (the same for a follow-up, which is sent after the answer).
+Prefill time is charged for the computed tokens only.
 """
 
 from __future__ import annotations

@@ -18,7 +18,7 @@ class SimRequest:
     finished: bool = False
     error: str | None = None
     deferred_logged: bool = False
-    hashes: tuple[int, ...] = ()   # chained hashes of the prompt's full blocks (prefix cache)
+    hashes: tuple[int, ...] = ()   # chained hashes of the full blocks of prompt + answer
     held: list[int] = field(default_factory=list)  # cache blocks this request references
     cached_tokens: int = 0
 

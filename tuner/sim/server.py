@@ -114,7 +114,7 @@ class SimServer:
             return _error(500, "simulated internal server error", "server_error")
         hashes: tuple[int, ...] = ()
         if chat and self.engine.cache.enabled:
-            words = chat_prompt_words(body.get("messages"))
+            words = chat_prompt_words(body.get("messages")) + _text(max_tokens).split()
             hashes = tuple(token_block_hashes(words, self.engine.cfg.block_size))
         arrival, plan = self.admission.arrive(request.headers.get(PLAN_HEADER), self.sim_now())
         req = self.engine.submit(prompt, max_tokens, arrival, hashes)
