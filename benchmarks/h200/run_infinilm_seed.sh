@@ -8,6 +8,8 @@
 #           seed's hand config (64 x 256 blocks) and the same with 80 and 96 blocks run first
 #  ablate   one knob at a time around the seed's hand config: are the caps and decode-first live?
 #  compare  default / seed / tuned, alternating, REPEATS (3) each (side_by_side.py)
+# TUNE_ARGS: more `tune` flags for the study stage (e.g. --kv-absolute to resume a study whose
+# first trials drew the KV pool as an absolute size, before the KV share).
 # Time limits (seconds, for a GPU lease): STUDY_S, ABLATE_S, COMPARE_S; a stage stopped by its
 # limit is interrupted like Ctrl-C (the study is resumable) and keeps what it finished.
 # Every stage copies what it produced to OUT_DIR as soon as it ends.
@@ -61,7 +63,7 @@ if has study; then
   limited "${STUDY_S:-3600}" python3 -m tuner.cli tune "${COMMON[@]}" --space "$SPACE" \
     --trials "${TRIALS:-20}" --study $STUDY --studies-dir $STUDIES --stall-timeout 30 \
     --startup-timeout 240 --sampler "${SAMPLER:-auto}" --seed-config "$STUDIES/seed.yaml" \
-    --seed-config "$STUDIES/seed80.yaml" --seed-config "$STUDIES/seed96.yaml" 2>&1 \
+    --seed-config "$STUDIES/seed80.yaml" --seed-config "$STUDIES/seed96.yaml" ${TUNE_ARGS:-} 2>&1 \
     | tr '\r' '\n' | grep --line-buffered -v -E '^ *[0-9]+%\|' | tee -a "$OUT/tune.log"
   cp $STUDIES/$STUDY/study.db "$OUT/study.db"
   tuner export --study $STUDY --studies-dir $STUDIES -o "$OUT/best.env" > /dev/null

@@ -33,7 +33,7 @@ from tuner.search.space import SearchSpace
 from tuner.search.space_file import load_space
 from tuner.search.warmstart import load_seed_config
 from tuner.search.workload import load_workload
-from tuner.server.gpu import read_gpu
+from tuner.server.gpu import read_gpu, visible_gpu_index
 from tuner.server.memcap import memory_cap
 from tuner.study.record import TrialRecord
 from tuner.trial.context import TrialContext
@@ -61,7 +61,7 @@ def main() -> int:
     storage = f"sqlite:///{Path(args.studies_dir) / args.study / 'study.db'}"
     study = optuna.load_study(study_name=args.study, storage=storage)
     chosen = choose(study, args.pick).trial
-    gpu = None if args.simulate else read_gpu(0)
+    gpu = None if args.simulate else read_gpu(visible_gpu_index())
     workload = load_workload(args.workload)
     # `high: auto` bounds resolved as tune resolved them: a hand config is clipped into them
     space = resolve_space(load_space(args.space), load_model_info(args.model),

@@ -101,3 +101,13 @@ def _cuda_available() -> bool:
         return False
     return bool(torch.cuda.is_available())
 
+
+
+def test_visible_gpu_index_follows_cuda_visible_devices():
+    """A tuner started on the second card checks that card through NVML, not the first."""
+    from tuner.server.gpu import visible_gpu_index
+
+    assert visible_gpu_index({}) == 0
+    assert visible_gpu_index({"CUDA_VISIBLE_DEVICES": "1"}) == 1
+    assert visible_gpu_index({"CUDA_VISIBLE_DEVICES": " 3,0"}) == 3
+    assert visible_gpu_index({"CUDA_VISIBLE_DEVICES": ""}) == 0

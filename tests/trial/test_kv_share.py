@@ -157,3 +157,40 @@ def test_slack_is_what_the_smallest_pool_leaves():
     need = estimate(MODEL, knobs_from_params(space, {**params, p.name: int(p.low)}),
                     list(CELLS)).need
     assert edge.slack_of([])(params) == CAP - need
+
+
+def test_share_resumes_a_study_that_drew_the_pool_as_a_log_size():
+    """A study from before the KV share (kv_cache_tokens from a log range) goes on with it."""
+    space = _space()
+    edge = KvEdge(space, MODEL, CAP, CELLS)
+    p = kv_param(space)
+    assert p is not None
+    optuna.logging.set_verbosity(optuna.logging.ERROR)
+    study = optuna.create_study(direction="maximize")
+    study.add_trial(optuna.trial.create_trial(
+        params={p.name: 16384}, values=[1.0],
+        distributions={p.name: IntDistribution(int(p.low), int(p.high), log=True)}))
+    trial = study.ask()
+    params = edge.suggest(trial, {"block_size": 256, "max_batch_size": 8}, [])
+    study.tell(trial, 2.0)
+    assert p.low <= params[p.name] <= p.high
+    assert study.trials[-1].distributions[p.name].log
+
+
+def test_a_requeued_trial_keeps_its_pool():
+    """A dead worker's trial is re-queued with its params: its pool is run again as it was,
+    not re-rendered from the share against an edge that has moved since."""
+    space = _space()
+    edge = KvEdge(space, MODEL, CAP, CELLS)
+    p = kv_param(space)
+    assert p is not None
+    params = {"block_size": 256, "max_batch_size": 8}
+    rendered = edge.value(params, 0.5, [])
+    optuna.logging.set_verbosity(optuna.logging.ERROR)
+    study = optuna.create_study(direction="maximize")
+    study.enqueue_trial({p.name: rendered + 256, "kv_share": 0.5})
+    trial = study.ask()
+    assert edge.suggest(trial, dict(params), [])[p.name] == rendered + 256
+    study.tell(trial, 1.0)
+    dist = study.trials[-1].distributions[p.name]  # the report rebuilds trials from it
+    assert dist.low == dist.high == rendered + 256

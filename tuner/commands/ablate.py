@@ -22,7 +22,7 @@ from tuner.search.model import load_model_info
 from tuner.search.space import SearchSpace
 from tuner.search.space_file import load_space
 from tuner.search.workload import load_workload
-from tuner.server.gpu import read_gpu
+from tuner.server.gpu import read_gpu, visible_gpu_index
 from tuner.server.memcap import memory_cap
 from tuner.study import storage as studyref
 from tuner.study.study_record import StudyInfo, set_ablation
@@ -95,7 +95,7 @@ def run(args: argparse.Namespace) -> int:
     space = load_space(space_file(args.space))
     workload = load_workload(shipped(args.workload))
     model = load_model_info(args.model)
-    gpu = read_gpu(0) if not args.simulate else None
+    gpu = read_gpu(visible_gpu_index()) if not args.simulate else None
     space = resolve_space(space, model, capacity_bytes(args, gpu), workload.cells)
     names = _knobs(args.knobs, space)
     metrics = [o.metric for o in study_objectives(study)]

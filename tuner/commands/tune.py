@@ -43,7 +43,7 @@ from tuner.search.space import SearchSpace
 from tuner.search.space_file import load_space
 from tuner.search.workload import load_workload
 from tuner.server import preflight
-from tuner.server.gpu import GpuState, read_gpu
+from tuner.server.gpu import GpuState, read_gpu, visible_gpu_index
 from tuner.server.memcap import CapSetup, memory_cap
 from tuner.sim.nvml import SIM_NVML_ENV
 from tuner.study.budget import Convergence, finished, run_to_budget
@@ -52,7 +52,7 @@ from tuner.study.objective import TrialObjective
 from tuner.study.proposals import guided
 from tuner.study.record import Stage, TrialRecord, records
 from tuner.study.sampler import SAMPLERS, enqueue_grid, make_sampler, run_seed, startup_trials
-from tuner.study.storage import open_storage, sqlite_path, storage_url
+from tuner.study.storage import STORAGE_HELP, open_storage, sqlite_path, storage_url
 from tuner.study.study_record import set_bounds
 from tuner.study.workers import parse_gpus, run_workers
 from tuner.trial.context import TrialContext
@@ -90,7 +90,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--studies-dir", default="studies", help="where study folders live (default: %(default)s)"
     )
-    p.add_argument("--storage", help="Optuna storage URL (default: sqlite:///<studies-dir>/<study>/study.db)")
+    p.add_argument("--storage", metavar="URL", help=STORAGE_HELP)
     p.add_argument("--sampler", default="auto", choices=SAMPLERS, help="(default: %(default)s)")
     p.add_argument("--seed", type=int, default=0,
                    help="sampler seed; a resumed run moves on from it by the trials done "
@@ -164,7 +164,7 @@ def _setup(args: argparse.Namespace, stack: contextlib.ExitStack) -> _Setup:
         raise UsageError(f"{args.workload}: objective capacity_rps needs a capacity: section")
     simulated_card = bool(os.environ.get(SIM_NVML_ENV))  # a simulated NVML stands for the GPU
     gpu_index = args.gpu_index if args.gpu_index is not None else \
-        (None if args.simulate and not simulated_card else 0)
+        (None if args.simulate and not simulated_card else visible_gpu_index())
     gpu_state = read_gpu(gpu_index) if gpu_index is not None else None
     capacity = capacity_bytes(args, gpu_state)
     space = resolve_space(space, model, capacity, workload.cells)

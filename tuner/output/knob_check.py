@@ -78,11 +78,16 @@ def _objective(i: int) -> Callable[[FrozenTrial], float]:
 
 def _common_ranges(trials: list[FrozenTrial]) -> list[FrozenTrial]:
     """The trials with one distribution per knob: a KV knob rendered from a share is suggested
-    as a single value per trial (tuner.trial.kv_share), which fANOVA takes for a dynamic space."""
+    as a single value per trial (tuner.trial.kv_share), which fANOVA takes for a dynamic space;
+    a study resumed with the share after drawing absolute sizes holds both kinds for that knob."""
+    ints = optuna.distributions.IntDistribution
+    single = {name for t in trials for name, d in t.distributions.items()
+              if isinstance(d, ints) and d.single()}
     spans: dict[str, tuple[float, float]] = {}
     for t in trials:
-        for name, d in t.distributions.items():
-            if isinstance(d, optuna.distributions.IntDistribution) and d.single():
+        for name in single & set(t.distributions):
+            d = t.distributions[name]
+            if isinstance(d, ints):
                 lo, hi = spans.get(name, (d.low, d.high))
                 spans[name] = (min(lo, d.low), max(hi, d.high))
     if not spans:

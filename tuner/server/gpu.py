@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -35,6 +36,28 @@ def _nvml():
         return pynvml
     except Exception:  # noqa: BLE001 - no driver, no library, no GPU: all mean "no NVML here"
         return None
+
+
+def visible_gpu_index(environ: Mapping[str, str] | None = None) -> int:
+    """The NVML index of the GPU a CUDA program started now would use as device 0.
+
+    A tuner started with CUDA_VISIBLE_DEVICES=1 runs its servers on the second card; its checks
+    (idle memory, foreign processes, the ballast) must read that card, not NVML's first.  NVML
+    numbers cards by PCI bus, as CUDA does with CUDA_DEVICE_ORDER=PCI_BUS_ID (and as it does by
+    default on a host of identical cards).  A UUID entry is looked up; anything else reads 0.
+    """
+    env = os.environ if environ is None else environ
+    first = env.get("CUDA_VISIBLE_DEVICES", "").split(",")[0].strip()
+    if first.isdigit():
+        return int(first)
+    if first.startswith(("GPU-", "MIG-")) and (nv := _nvml()) is not None:
+        try:
+            return int(nv.nvmlDeviceGetIndex(nv.nvmlDeviceGetHandleByUUID(first)))
+        except Exception:  # noqa: BLE001 - an unknown UUID: CUDA itself would see no GPU
+            return 0
+        finally:
+            nv.nvmlShutdown()
+    return 0
 
 
 def read_gpu(index: int = 0) -> GpuState | None:

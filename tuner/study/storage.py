@@ -2,7 +2,9 @@
 
 `export`, `inspect` and `ablate` default to the study folder touched last, because right after a
 `tuner tune` that is the one the user means.  A study's own folder holds its SQLite file unless
-`--storage` names another storage (PostgreSQL for several hosts).
+`--storage` names another storage: PostgreSQL for several hosts, or `journal:PATH`, Optuna's
+journal file (one append-only log, file-locked), for several workers on one host without a
+database server.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from pathlib import Path
 import optuna
 import sqlalchemy.exc
 from optuna.storages._cached_storage import _CachedStorage  # what optuna wraps an RDB URL in
+from optuna.storages.journal import JournalFileBackend, JournalStorage
 
 from tuner.errors import UsageError
 from tuner.study.retry import RetryingStorage
@@ -22,6 +25,10 @@ from tuner.study.retry import RetryingStorage
 DB_NAME = "study.db"
 SQLITE_BUSY_S = 20.0
 _SQLITE = "sqlite:///"
+_JOURNAL = "journal:"
+STORAGE_HELP = ("Optuna storage URL (default: sqlite:///STUDIES_DIR/NAME/study.db); several "
+                "workers: postgresql://USER:PASSWORD@HOST/DB, or journal:PATH (a journal file, "
+                "one host)")
 
 
 @dataclass(frozen=True)
@@ -38,8 +45,7 @@ def add_study_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--study", metavar="NAME",
                         help="study name (default: the folder under --studies-dir whose study.db "
                              "was modified last)")
-    parser.add_argument("--storage", metavar="URL",
-                        help="Optuna storage URL (default: sqlite:///STUDIES_DIR/NAME/study.db)")
+    parser.add_argument("--storage", metavar="URL", help=STORAGE_HELP)
     parser.add_argument("--studies-dir", metavar="DIR", type=Path, default=Path("studies"),
                         help="folder holding one folder per study (default: ./studies)")
 
@@ -51,6 +57,23 @@ def sqlite_url(db: Path) -> str:
 def sqlite_path(url: str) -> Path | None:
     """The file of a SQLite URL (None for any other storage)."""
     return Path(url[len(_SQLITE):]) if url.startswith(_SQLITE) else None
+
+
+def journal_path(url: str) -> Path | None:
+    """The file of a `journal:PATH` storage (None for any other storage)."""
+    return Path(url[len(_JOURNAL):]) if url.startswith(_JOURNAL) else None
+
+
+def as_storage(url: str) -> str | optuna.storages.BaseStorage:
+    """What Optuna's `storage=` takes for `url`: the URL itself, or the journal it names (Optuna
+    has no URL scheme for a journal file)."""
+    path = journal_path(url)
+    if path is None:
+        return url
+    if not path.name:
+        raise UsageError(f"--storage {url}: expected journal:PATH, e.g. journal:studies/x.log")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return JournalStorage(JournalFileBackend(str(path)))
 
 
 def storage_url(studies_dir: Path, name: str, storage: str | None) -> str:
@@ -71,13 +94,18 @@ def find_study(ref: str, storage: str, studies_dir: Path) -> optuna.Study:
 
 def open_storage(url: str, attempts: int = 5) -> optuna.storages.BaseStorage:
     """An RDB storage with a heartbeat, so trials of a killed worker can be found and retried,
-    whose calls outlive storage outages (tuner.study.retry).
+    whose calls outlive storage outages (tuner.study.retry); or, for `journal:PATH`, Optuna's
+    journal file as it is (a file lock, no outage to outlive, no heartbeat: a dead worker of
+    this host is found by tuner.study.recovery).
 
     Workers started together on an empty database all create Optuna's tables; PostgreSQL lets
     one win and the others fail on a duplicate table or type.  Those try again (the tables are
     there by then); any other error is the user's URL and is reported at once.  SQLite waits
     `SQLITE_BUSY_S` for another worker's write lock before it reports "database is locked".
     """
+    journal = as_storage(url)
+    if not isinstance(journal, str):  # no heartbeat: a dead local worker is found by recovery
+        return journal
     race: Exception | None = None
     kwargs = {"connect_args": {"timeout": SQLITE_BUSY_S}} if url.startswith("sqlite") else {}
     for attempt in range(attempts):
@@ -115,7 +143,7 @@ def resolve(args: argparse.Namespace) -> StudyRef:
     name = args.study
     if name is None:
         if args.storage:
-            names = optuna.get_all_study_names(storage=args.storage)
+            names = optuna.get_all_study_names(storage=as_storage(args.storage))
             if len(names) != 1:
                 raise UsageError(f"--storage holds {len(names)} studies; name one with --study")
             name = names[0]
@@ -135,9 +163,9 @@ def resolve(args: argparse.Namespace) -> StudyRef:
 def load(ref: StudyRef) -> optuna.Study:
     """Open the study; a missing name is a UsageError listing the ones that exist."""
     try:
-        return optuna.load_study(study_name=ref.name, storage=ref.storage)
+        return optuna.load_study(study_name=ref.name, storage=as_storage(ref.storage))
     except KeyError:
-        names = optuna.get_all_study_names(storage=ref.storage)
+        names = optuna.get_all_study_names(storage=as_storage(ref.storage))
         raise UsageError(
             f"no study {ref.name!r} in {ref.storage} (found: {', '.join(names) or 'none'})"
         ) from None

@@ -177,10 +177,24 @@ class KvEdge:
                 trials: Sequence[TrialRecord]) -> dict[str, Any]:
         """Suggest the share, then the KV knob as the single value it renders to."""
         share = trial.suggest_float(KV_SHARE, 0.0, 1.0)
+        name = self.param.name
         fixed = kv_value(trial)
+        if fixed is None:  # a re-queued trial carries its pool as an enqueued (fixed) param
+            fixed = getattr(trial, "_fixed_params", {}).get(name)
         value = int(fixed) if fixed is not None else self.value(params, share, trials)
-        params[self.param.name] = trial.suggest_int(self.param.name, value, value)
+        params[name] = trial.suggest_int(name, value, value, log=_stored_log(trial.study, name))
         return params
+
+
+def _stored_log(study: optuna.Study, name: str) -> bool:
+    """Whether the study already drew `name` from a log range: a study begun before the KV share
+    (or resumed with --kv-absolute) did, and Optuna refuses one name with two `log` settings, so
+    the single value keeps the study's."""
+    for t in study.get_trials(deepcopy=False):
+        dist = t.distributions.get(name)
+        if dist is not None:
+            return bool(getattr(dist, "log", False))
+    return False
 
 
 def runnable(space: SearchSpace, model: ModelInfo, capacity: int, cells: Sequence[Cell],
