@@ -22,8 +22,10 @@ import optuna
 from optuna.trial import TrialState
 from tqdm import tqdm
 
+from tuner.commands.tune_messages import plan_text, print_bounds, print_summary, progress_text
 from tuner.commands.tune_options import (
     add_adaptive_args,
+    add_run_args,
     capacity_bytes,
     check_adaptive_args,
     default_on_grid,
@@ -31,7 +33,6 @@ from tuner.commands.tune_options import (
 )
 from tuner.errors import UsageError
 from tuner.output import envfile, export
-from tuner.output.knob_check import describe, knob_report
 from tuner.output.report import store_in_dashboard, write_report
 from tuner.output.result import result_lines
 from tuner.output.select import choose
@@ -50,7 +51,7 @@ from tuner.study.budget import Convergence, finished, run_to_budget
 from tuner.study.create import create_or_load
 from tuner.study.objective import TrialObjective
 from tuner.study.proposals import guided
-from tuner.study.record import Stage, TrialRecord, records
+from tuner.study.record import TrialRecord
 from tuner.study.sampler import SAMPLERS, enqueue_grid, make_sampler, run_seed, startup_trials
 from tuner.study.storage import STORAGE_HELP, open_storage, sqlite_path, storage_url
 from tuner.study.study_record import set_bounds
@@ -101,28 +102,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         metavar="'max|min METRIC'",
         help="repeatable; default: the workload's, else " + "; ".join(DEFAULT_OBJECTIVES),
     )
-    p.add_argument("--stall-timeout", type=float, default=60.0,
-                   help="seconds without any token that count as a hang (default: %(default)s)")
-    p.add_argument("--startup-timeout", type=float,
-                   help="seconds the server may take to answer /health (default: the space's)")
-    p.add_argument("--resume", action="store_true",
-                   help="continue an existing study (an error if there is none); the same command "
-                        "without --resume also continues it")
-    p.add_argument("--no-export", action="store_true", help="skip writing best.env and report.html")
-    p.add_argument(
-        "--gpus",
-        help="comma-separated GPU indices: one worker per GPU on this host, sharing the study",
-    )
-    p.add_argument("--gpu-index", type=int, help=argparse.SUPPRESS)  # set by --gpus for each worker
-    p.add_argument("--gpu-memory-cap", metavar="SIZE",
-                   help="tune for a smaller card: cap the server process's GPU memory, e.g. 24GiB "
-                        "(servers started through tuner's launchers, e.g. the transformers space)")
-    p.add_argument(
-        "--gpu-wait",
-        type=float,
-        default=300.0,
-        help="seconds to wait for the GPU to be free before a trial (default: %(default)s)",
-    )
+    add_run_args(p)
     add_adaptive_args(p)
 
 
@@ -230,27 +210,18 @@ def _run(args: argparse.Namespace, stack: contextlib.ExitStack) -> int:
                                 kv_share=not args.kv_absolute and args.sampler != "grid")
     study.sampler = guided(study.sampler, pipeline.kv_edge, startup_trials(args.trials),
                            args.seed)
-    _print_bounds(setup.ctx.space, pipeline)
+    print_bounds(setup.ctx.space, pipeline)
     queued = warm_start(study, setup.ctx.space, args, url, studies_dir, pipeline)
     if queued:
         print(f"study {name}: {queued} warm-start config(s) queued first")
     target = _grid_target(study, setup.ctx.space, args) if args.sampler == "grid" else args.trials
     done = finished(study)
-    print(_plan(name, done, target, url))
+    print(plan_text(name, done, target, url))
     _optimize(study, setup, pipeline, args, studies_dir / name / "trials", target)
-    _summary(study)
+    print_summary(study)
     if not args.no_export:
         _export(study, studies_dir / name)
     return 0
-
-
-def _plan(name: str, done: int, target: int, url: str) -> str:
-    """What this run will do; --trials is the total the study should hold, which a rerun of the
-    same command would otherwise silently satisfy with nothing to run."""
-    if done >= target:
-        return (f"study {name}: {done} measured trials already, nothing to run (--trials is the "
-                f"total; use --trials {done + 5} to measure 5 more) ({url})")
-    return f"study {name}: {done} measured trials, measuring up to {target - done} more ({url})"
 
 
 def _grid_target(study: optuna.Study, space: SearchSpace, args: argparse.Namespace) -> int:
@@ -260,16 +231,6 @@ def _grid_target(study: optuna.Study, space: SearchSpace, args: argparse.Namespa
     if args.trials > size:
         print(f"--sampler grid: the grid has {size} points; running {size}, not {args.trials}")
     return min(args.trials, size)
-
-
-def _print_bounds(space: SearchSpace, pipeline: AdaptivePipeline) -> None:
-    """The banner line of each auto-bounded knob: the range resolved for this model and card."""
-    for p in space.parameters:
-        if p.high_auto and pipeline.capacity is not None:
-            how = ("sampled as a share of the headroom the other knobs leave"
-                   if pipeline.kv_edge is not None else "sampled as an absolute size")
-            print(f"{p.name}: [{p.low:g}, {p.high:g}] for this model on a "
-                  f"{pipeline.capacity / 2**30:.1f} GiB card (high: auto), {how}")
 
 
 def _optimize(study: optuna.Study, setup: _Setup, pipeline: AdaptivePipeline,
@@ -282,7 +243,7 @@ def _optimize(study: optuna.Study, setup: _Setup, pipeline: AdaptivePipeline,
     def on_trial(study: optuna.Study, trial: optuna.trial.FrozenTrial) -> None:
         if trial.state == TrialState.COMPLETE and not TrialRecord.of(trial).unmeasured:
             bar.update(1)
-        bar.set_postfix_str(_progress_text(study, trial, metric))
+        bar.set_postfix_str(progress_text(study, trial, metric))
 
     stop = Convergence(args.patience) if args.patience else None
     try:
@@ -324,19 +285,3 @@ def _argv_without_gpus(argv: list[str]) -> list[str]:
             continue
         out.append(a)
     return out
-
-
-def _progress_text(study: optuna.Study, trial: optuna.trial.FrozenTrial, metric: str) -> str:
-    best = [v for t in records(study) if t.feasible
-            if (v := t.metrics.get(metric)) is not None]
-    last = TrialRecord.of(trial).outcome
-    return f"last={last} best {metric}={max(best):.1f}" if best else f"last={last}"
-
-
-def _summary(study: optuna.Study) -> None:
-    counts: dict[str, int] = {}
-    for t in records(study, (TrialState.COMPLETE,)):
-        kind = "screened out" if t.stage == Stage.SCREEN else t.outcome
-        counts[kind] = counts.get(kind, 0) + 1
-    print("outcomes: " + ", ".join(f"{k}={v}" for k, v in sorted(counts.items())))
-    print(describe(knob_report(study)))

@@ -28,6 +28,32 @@ if TYPE_CHECKING:
     from tuner.trial.pipeline import AdaptivePipeline
 
 
+def add_run_args(p: argparse.ArgumentParser) -> None:
+    """How each trial's server is run and judged: timeouts, GPUs, memory cap."""
+    p.add_argument("--stall-timeout", type=float, default=60.0,
+                   help="seconds without any token that count as a hang (default: %(default)s)")
+    p.add_argument("--startup-timeout", type=float,
+                   help="seconds the server may take to answer /health (default: the space's)")
+    p.add_argument("--resume", action="store_true",
+                   help="continue an existing study (an error if there is none); the same command "
+                        "without --resume also continues it")
+    p.add_argument("--no-export", action="store_true", help="skip writing best.env and report.html")
+    p.add_argument(
+        "--gpus",
+        help="comma-separated GPU indices: one worker per GPU on this host, sharing the study",
+    )
+    p.add_argument("--gpu-index", type=int, help=argparse.SUPPRESS)  # set by --gpus for each worker
+    p.add_argument("--gpu-memory-cap", metavar="SIZE",
+                   help="tune for a smaller card: cap the server process's GPU memory, e.g. 24GiB "
+                        "(servers started through tuner's launchers, e.g. the transformers space)")
+    p.add_argument(
+        "--gpu-wait",
+        type=float,
+        default=300.0,
+        help="seconds to wait for the GPU to be free before a trial (default: %(default)s)",
+    )
+
+
 def add_adaptive_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--gpu-memory", metavar="SIZE",
                    help="GPU memory for bounds and pre-screen, e.g. 24GiB (default: NVML, or the "
