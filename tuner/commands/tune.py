@@ -13,7 +13,9 @@ import argparse
 import contextlib
 import dataclasses
 import os
+import signal
 import sys
+import threading
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
@@ -111,6 +113,11 @@ def _default_study_name(space: str, model: str, simulate: str | None) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
+    # Ctrl-C is how a study is stopped and resumed later: take SIGINT back when the process was
+    # started from a script's background job, which inherits it ignored
+    if (threading.current_thread() is threading.main_thread()
+            and signal.getsignal(signal.SIGINT) == signal.SIG_IGN):
+        signal.signal(signal.SIGINT, signal.default_int_handler)
     with contextlib.ExitStack() as stack:  # holds the memory-cap ballast while trials run
         return _run(args, stack)
 
