@@ -150,6 +150,20 @@ def test_unservable_request_fails_at_once_with_a_reason():
     assert req.finished and "needs 5 KV blocks" in req.error
 
 
+def test_requests_queued_out_of_arrival_order_are_served_in_arrival_order():
+    """Over HTTP a request can reach the queue after one stamped earlier (a closed-loop
+    replacement stamped at its hold's time); a head that has not arrived yet must not block
+    the ones that have (it stalled the simulated server for good after a cut stream)."""
+    engine = make_engine(["--num-blocks", "64"])
+    late = engine.submit(292, 16, 1.445)
+    early = [engine.submit(292, 16, 1.373) for _ in range(2)]
+    assert engine.waiting == [*early, late]
+    while not engine.idle():
+        assert engine.advance(), "the engine stalled with requests queued"
+    assert all(r.finished and r.error is None for r in [late, *early])
+    assert early[0].token_times[0] < late.token_times[0]
+
+
 def test_startup_failures():
     with pytest.raises(StartupFailure) as exc:
         make_engine(["--num-blocks", "200"])

@@ -30,11 +30,6 @@ SPACE = ROOT / "search_spaces" / "infinilm.yaml"
 PARAMS = {"kv_cache_tokens": 16384, "block_size": 256, "max_batch_size": 8}
 CELL = Cell(concurrency=4, input_len=256, output_len=16, num_prompts=8)
 OPTIONS = "after=1,span=8,count=2,seed=5"
-# Open (issue 19's soak): now and then, after a cut or malformed stream, the simulated server sends
-# no token on any stream for the whole stall timeout (seen at 1.2 s and at 12 s of wall time), so
-# the cell is judged "hang" rather than "protocol".  The client no longer hangs (tests/test_aio.py)
-# and tests/bench/test_malformed.py checks every broken-stream kind against a real process.
-STALL = "known open bug: the simulator sometimes stalls after a cut/malformed stream (issue 19)"
 
 
 def test_spec_parses_kinds_and_options_and_rejects_the_rest():
@@ -72,10 +67,8 @@ def _trial(tmp_path: Path, monkeypatch, fault: str, **kw):
 
 @pytest.mark.parametrize("fault, kind, first_error", [
     ("http500", "flaky", "HTTP 500"),
-    pytest.param("cut", "protocol", "connection closed mid-stream", marks=pytest.mark.skip(
-        reason=STALL)),
-    pytest.param("malformed", "protocol", "event is not JSON", marks=pytest.mark.skip(
-        reason=STALL))])
+    ("cut", "protocol", "connection closed mid-stream"),
+    ("malformed", "protocol", "event is not JSON")])
 def test_two_failed_requests_of_eight_fail_the_trial(tmp_path, monkeypatch, fault, kind,
                                                     first_error):
     """5xx answers beside successes: flaky; a request broken inside its stream: protocol."""

@@ -110,3 +110,29 @@ def test_finishing_a_trial_whose_commit_landed_before_the_connection_died(tmp_pa
     inner.set_trial_state_values = lands_then_fails
     assert storage.set_trial_state_values(trial._trial_id, TrialState.COMPLETE, [1.0])
     assert len(calls) == 2 and storage.get_trial(trial._trial_id).state == TrialState.COMPLETE
+
+
+def test_a_worker_that_loses_the_sqlite_schema_race_opens_the_study_on_retry(tmp_path,
+                                                                             monkeypatch):
+    """Two workers creating a fresh SQLite study at once: the loser's CREATE TABLE fails with
+    "table ... already exists"; it tries again and finds the winner's tables."""
+    from tuner.errors import UsageError
+    from tuner.study import storage as storage_mod
+
+    real, calls = optuna.storages.RDBStorage, []
+
+    def racing(url, **kw):
+        calls.append(url)
+        if len(calls) == 1:
+            real(url)  # the winner creates the tables first
+            raise sqlalchemy.exc.OperationalError(
+                "CREATE TABLE trial_heartbeats", {},
+                sqlite3.OperationalError("table trial_heartbeats already exists"))
+        return real(url, **kw)
+
+    monkeypatch.setattr(optuna.storages, "RDBStorage", racing)
+    monkeypatch.setattr(storage_mod.time, "sleep", lambda s: None)
+    opened = storage_mod.open_storage(f"sqlite:///{tmp_path / 's.db'}")
+    assert len(calls) == 2 and opened.get_all_studies() == []
+    with pytest.raises(UsageError, match="unable to open database file"):
+        storage_mod.open_storage(f"sqlite:///{tmp_path / 'no' / 'such' / 's.db'}")

@@ -74,9 +74,6 @@ def _trials(db: Path) -> list[optuna.trial.FrozenTrial]:
         storage.engine.dispose()
 
 
-@pytest.mark.skip(reason="known open bug: two workers that create a fresh SQLite study at the same "
-                         "moment race on Optuna's schema creation ('table trial_heartbeats already "
-                         "exists'); creating the study before the second worker starts would fix it")
 def test_two_workers_on_one_sqlite_study_share_it_safely(tmp_path):
     argv = _argv(tmp_path, tmp_path / "studies", 6)
     procs = [subprocess.Popen(argv + ["--seed", str(i)], env=_env(), cwd=ROOT,

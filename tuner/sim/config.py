@@ -36,6 +36,13 @@ class SchedulerKnobs:
     def decode_limit(self) -> int:
         return min(self.max_batch_size, self.decode_batch_cap or self.max_batch_size)
 
+    def is_long(self, prompt_len: int, max_tokens: int) -> bool:
+        """Whether the seed's long-context guard counts this request as long."""
+        if self.long_context_threshold is None:
+            return False
+        length = prompt_len + (max_tokens if self.long_context_use_total_len else 0)
+        return length >= self.long_context_threshold
+
 
 @dataclass(frozen=True)
 class SimConfig:

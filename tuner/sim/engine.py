@@ -25,6 +25,7 @@ bulk with numpy instead of one Python iteration per token.  Prefix caching: tune
 
 from __future__ import annotations
 
+import bisect
 import math
 from collections.abc import Callable
 
@@ -41,14 +42,12 @@ from tuner.sim.timing import StepTimer
 
 __all__ = ["Engine", "SimRequest", "StartupFailure"]
 
-LogFn = Callable[[str], None]
-
 
 class Engine:
     """Scheduler + memory + step times.  Drive it with `submit` and `advance`."""
 
     def __init__(self, model: ModelInfo, gpu: GpuProfile, cfg: SimConfig,
-                 log: LogFn | None = None) -> None:
+                 log: Callable[[str], None] | None = None) -> None:
         self.model, self.gpu, self.cfg, self.knobs = model, gpu, cfg, cfg.knobs
         self.memory = MemoryModel(
             model, gpu, cfg.num_blocks, cfg.block_size, cfg.enable_graph, cfg.tp
@@ -89,16 +88,12 @@ class Engine:
             req.error = "prompt + max_tokens exceeds max_position_embeddings"
         if req.error:
             req.finished = True
-        else:
-            self.waiting.append(req)
+        else:  # FIFO in simulated arrival order, which HTTP arrival order need not be
+            bisect.insort_right(self.waiting, req, key=lambda r: r.arrival)
         return req
 
     def _is_long(self, req: SimRequest) -> bool:
-        threshold = self.knobs.long_context_threshold
-        if threshold is None:
-            return False
-        length = req.prompt_len + (req.max_tokens if self.knobs.long_context_use_total_len else 0)
-        return length >= threshold
+        return self.knobs.is_long(req.prompt_len, req.max_tokens)
 
     # ----- scheduling -----------------------------------------------------------------------
     def _pick_prefill(self) -> list[SimRequest]:
@@ -297,9 +292,7 @@ class Engine:
                 done = self._decode(self._pick_decode(), min([until, *arrivals]))
                 if not done and self.clock >= until:
                     return []
-            else:
-                # Defensive: with nothing running every arrived head request fits and is not
-                # deferred, so this is unreachable; upstream would idle here, and so do we.
+            else:  # unreachable: with nothing running, an arrived head request always fits
                 return []
             if done:
                 return done

@@ -99,9 +99,10 @@ def open_storage(url: str, attempts: int = 5) -> optuna.storages.BaseStorage:
     this host is found by tuner.study.recovery).
 
     Workers started together on an empty database all create Optuna's tables; PostgreSQL lets
-    one win and the others fail on a duplicate table or type.  Those try again (the tables are
-    there by then); any other error is the user's URL and is reported at once.  SQLite waits
-    `SQLITE_BUSY_S` for another worker's write lock before it reports "database is locked".
+    one win and the others fail on a duplicate table or type, SQLite on "table ... already
+    exists".  Those try again (the tables are there by then); any other error is the user's URL
+    and is reported at once.  SQLite waits `SQLITE_BUSY_S` for another worker's write lock
+    before it reports "database is locked".
     """
     journal = as_storage(url)
     if not isinstance(journal, str):  # no heartbeat: a dead local worker is found by recovery
@@ -115,12 +116,20 @@ def open_storage(url: str, attempts: int = 5) -> optuna.storages.BaseStorage:
                 heartbeat_stale_trial_callback=optuna.storages.RetryHeartbeatStaleTrialCallback(
                     max_retry=3))
             return RetryingStorage(_CachedStorage(rdb), url)  # type: ignore[abstract]
-        except (sqlalchemy.exc.IntegrityError, sqlalchemy.exc.ProgrammingError) as exc:
+        except Exception as exc:  # sqlalchemy raises many types for a bad or unreachable URL
+            if not _schema_race(exc):
+                raise UsageError(f"cannot open storage {url}: {_first_line(exc)}") from None
             race = exc
             time.sleep(0.2 * (attempt + 1))
-        except Exception as exc:  # sqlalchemy raises many types for a bad or unreachable URL
-            raise UsageError(f"cannot open storage {url}: {_first_line(exc)}") from None
     raise UsageError(f"cannot open storage {url}: {_first_line(race)}")
+
+
+def _schema_race(exc: Exception) -> bool:
+    """Another worker created the same table first: PostgreSQL reports a duplicate, SQLite an
+    OperationalError "table ... already exists"."""
+    if isinstance(exc, sqlalchemy.exc.IntegrityError | sqlalchemy.exc.ProgrammingError):
+        return True
+    return isinstance(exc, sqlalchemy.exc.OperationalError) and "already exists" in str(exc)
 
 
 def _first_line(exc: Exception | None) -> str:
