@@ -77,6 +77,9 @@ class TrialObjective:
         if self.max_trials is not None:
             ahead = [t for t in counted(study) if t.number < trial.number]
             if len(ahead) >= self.max_trials:
+                # one placeholder per worker, not one per trial left of its `optimize` call:
+                # run_to_budget decides whether this worker still has work
+                study.stop()
                 raise optuna.TrialPruned("the study's trial budget was reached by other workers")
         params = (self.pipeline.suggest(trial) if self.pipeline is not None
                   else suggest(trial, self.ctx))
