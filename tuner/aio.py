@@ -25,6 +25,7 @@ async def wait_event(event: asyncio.Event, timeout: float) -> bool:
         await asyncio.wait({waiter}, timeout=timeout)
     finally:
         waiter.cancel()
+        await asyncio.wait({waiter})  # ends at once; leaves no pending task behind
     return event.is_set()
 
 

@@ -92,3 +92,15 @@ def test_dead_server_is_server_died():
     [res] = run_cells(url, [Cell(concurrency=2, input_len=4, output_len=4, num_prompts=2)],
                       model_name="m", health_url=url + "/health")
     assert res.error_class == "server_died"
+
+
+def test_a_request_loop_that_crashes_raises_instead_of_a_clean_partial_cell(monkeypatch):
+    import tuner.bench.runner as runner
+
+    async def crashing_loop(run, deadline):
+        await run.one(0)
+        raise KeyError("a bug in the request loop")
+
+    monkeypatch.setattr(runner, "_closed_loop", crashing_loop)
+    with FakeServer(Behaviour(tokens=2)) as srv, pytest.raises(KeyError, match="a bug"):
+        run(srv, [Cell(concurrency=2, input_len=4, output_len=2, num_prompts=4)])

@@ -111,3 +111,28 @@ def test_visible_gpu_index_follows_cuda_visible_devices():
     assert visible_gpu_index({"CUDA_VISIBLE_DEVICES": "1"}) == 1
     assert visible_gpu_index({"CUDA_VISIBLE_DEVICES": " 3,0"}) == 3
     assert visible_gpu_index({"CUDA_VISIBLE_DEVICES": ""}) == 0
+
+
+def test_a_gpu_or_mig_uuid_reads_its_card(monkeypatch):
+    """A UUID is looked up through NVML; a MIG instance's handle has no index, its parent's has."""
+    import tuner.server.gpu as gpu
+
+    class FakeNvml:
+        handles = {"GPU-b": "card1", "MIG-a": "mig-on-card2"}
+
+        def nvmlDeviceGetHandleByUUID(self, uuid):
+            return self.handles[uuid]
+
+        def nvmlDeviceGetDeviceHandleFromMigDeviceHandle(self, handle):
+            return {"mig-on-card2": "card2"}[handle]
+
+        def nvmlDeviceGetIndex(self, handle):
+            return {"card1": 1, "card2": 2}[handle]
+
+        def nvmlShutdown(self):
+            pass
+
+    monkeypatch.setattr(gpu, "_nvml", FakeNvml)
+    assert gpu.visible_gpu_index({"CUDA_VISIBLE_DEVICES": "GPU-b"}) == 1
+    assert gpu.visible_gpu_index({"CUDA_VISIBLE_DEVICES": "MIG-a,0"}) == 2
+    assert gpu.visible_gpu_index({"CUDA_VISIBLE_DEVICES": "GPU-unknown"}) == 0

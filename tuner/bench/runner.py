@@ -128,6 +128,15 @@ async def _closed_loop(run: _CellRun, deadline: float | None) -> None:
     await asyncio.gather(*(worker() for _ in range(run.cell.concurrency)))
 
 
+def _raise_crash(tasks: list[asyncio.Task]) -> None:
+    """A request loop or a watch that died of an exception is a bug of this client: raise it
+    rather than report the records gathered so far as a clean (partial) cell."""
+    for task in tasks:
+        exc = task.exception() if task.done() and not task.cancelled() else None
+        if exc is not None:
+            raise exc
+
+
 async def _run_cell(client: StreamClient, cell: Cell, payloads: Payloads, *,  # noqa: PLR0913
                     health: HealthWatch | None, rng: random.Random, time_scale: float,
                     stall_timeout_s: float, slo_ms: Mapping[str, float] | None, progress: bool,
@@ -154,6 +163,7 @@ async def _run_cell(client: StreamClient, cell: Cell, payloads: Payloads, *,  # 
             await asyncio.wait([driver, helpers[0]], return_when=asyncio.FIRST_COMPLETED)
         finally:
             await cancel_and_wait([driver, *helpers])
+        _raise_crash([driver, *helpers])
         wall = time.perf_counter() - start
     records = run.records
     for rec in records:

@@ -44,7 +44,8 @@ def visible_gpu_index(environ: Mapping[str, str] | None = None) -> int:
     A tuner started with CUDA_VISIBLE_DEVICES=1 runs its servers on the second card; its checks
     (idle memory, foreign processes, the ballast) must read that card, not NVML's first.  NVML
     numbers cards by PCI bus, as CUDA does with CUDA_DEVICE_ORDER=PCI_BUS_ID (and as it does by
-    default on a host of identical cards).  A UUID entry is looked up; anything else reads 0.
+    default on a host of identical cards).  A UUID entry is looked up (a MIG instance reads its
+    parent card); anything else reads 0.
     """
     env = os.environ if environ is None else environ
     first = env.get("CUDA_VISIBLE_DEVICES", "").split(",")[0].strip()
@@ -52,7 +53,10 @@ def visible_gpu_index(environ: Mapping[str, str] | None = None) -> int:
         return int(first)
     if first.startswith(("GPU-", "MIG-")) and (nv := _nvml()) is not None:
         try:
-            return int(nv.nvmlDeviceGetIndex(nv.nvmlDeviceGetHandleByUUID(first)))
+            handle = nv.nvmlDeviceGetHandleByUUID(first)
+            if first.startswith("MIG-"):  # NVML gives no index for a MIG instance's handle
+                handle = nv.nvmlDeviceGetDeviceHandleFromMigDeviceHandle(handle)
+            return int(nv.nvmlDeviceGetIndex(handle))
         except Exception:  # noqa: BLE001 - an unknown UUID: CUDA itself would see no GPU
             return 0
         finally:
