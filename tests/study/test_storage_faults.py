@@ -62,7 +62,7 @@ def test_a_lock_that_outlasts_the_window_exits_naming_postgresql(tmp_path):
     study = optuna.create_study(storage=storage, study_name="s")
     holder = _locked(tmp_path / "s.db", 3.0)
     try:
-        with pytest.raises(FaultError, match="database is locked.*PostgreSQL"):
+        with pytest.raises(FaultError, match="database is locked.*PostgreSQL.*journal:PATH"):
             study.ask()
     finally:
         holder.join()

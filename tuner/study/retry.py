@@ -35,7 +35,8 @@ DISK_FULL = re.compile(r"database or disk is full|no space left on device|could 
                        r"|could not write", re.I)
 LOCKED = re.compile(r"database is locked|database table is locked", re.I)
 MULTI_WORKER_HINT = ("SQLite serialises writers through one file lock; for several workers use "
-                     "PostgreSQL (--storage postgresql://USER:PASSWORD@HOST/DB)")
+                     "PostgreSQL (--storage postgresql://USER:PASSWORD@HOST/DB), or on one host "
+                     "Optuna's journal file (--storage journal:PATH)")
 
 
 def _cause(exc: BaseException) -> BaseException:
