@@ -49,7 +49,7 @@ SCENARIOS = (
              (Cell(4, 16384, 256, 8), Cell(1, 32768, 256, 2), Cell(8, 8192, 512, 16)),
              {"p99_tpot_ms": 30.0}, "long context: 8k-32k prompts"),
     Scenario("mistral-a100-mixed", "mistral-7b", "a100-40g",
-             (Cell(32, 2048, 512, 64), Cell(8, 4096, 1024, 16), Cell(64, 256, 256, 64)),
+             (Cell(32, 2048, 256, 64), Cell(8, 4096, 512, 16), Cell(64, 256, 256, 64)),
              {"p99_tpot_ms": 40.0}, "mixed prompt lengths, a TPOT SLO"),
     Scenario("70b-h200-heldout", "llama-3.1-70b", "h200",
              (Cell(16, 2048, 256, 32), Cell(4, 8192, 512, 8), Cell(32, 256, 256, 64)),

@@ -15,8 +15,11 @@ SPACE = {"x": IntDistribution(1, 128, log=True), "y": FloatDistribution(0.0, 1.0
          "c": CategoricalDistribution([16, 128, 256])}
 
 
+DISTS = {**SPACE, "kv_share": FloatDistribution(0.0, 1.0), "kv": IntDistribution(0, 100)}
+
+
 def _record(params, outcome="ok", value=1.0):
-    t = optuna.trial.create_trial(params=params, distributions={k: SPACE[k] for k in params},
+    t = optuna.trial.create_trial(params=params, distributions={k: DISTS[k] for k in params},
                                   values=[value], user_attrs={"outcome": outcome})
     return TrialRecord.of(t)
 
@@ -81,3 +84,13 @@ def test_a_knob_whose_change_alone_changed_nothing_is_inert():
     rng = random.Random(0)
     for _ in range(50):
         assert neighbour(a.params, SPACE, rng, inert={"c"})["c"] == 16
+
+
+def test_candidates_the_memory_filter_rejected_are_kept_for_the_record():
+    slack_of = lambda trials: (lambda params: 8.0 - params["x"])  # noqa: E731
+    sampler = GuidedSampler(optuna.samplers.TPESampler(seed=3, multivariate=True), slack_of, 10,
+                            seed=3)
+    study = optuna.create_study(direction="maximize", sampler=sampler)
+    optuna.logging.set_verbosity(optuna.logging.ERROR)
+    study.optimize(_objective, n_trials=10)
+    assert sampler.turned_away and all(p["x"] > 8 for p in sampler.turned_away)

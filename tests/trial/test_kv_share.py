@@ -194,3 +194,46 @@ def test_a_requeued_trial_keeps_its_pool():
     study.tell(trial, 1.0)
     dist = study.trials[-1].distributions[p.name]  # the report rebuilds trials from it
     assert dist.low == dist.high == rendered + 256
+
+
+def _run(params, outcome):
+    """A measured trial of `params` (the KV knob included) with no memory record."""
+    dists = {k: IntDistribution(0, 1 << 20) for k in params}
+    return TrialRecord.of(optuna.trial.create_trial(
+        params=params, distributions=dists, values=[1.0], user_attrs={"outcome": outcome}))
+
+
+def test_the_real_edge_of_one_config_is_bisected_between_its_own_runs():
+    """The model's edge until these very knobs ran; then the midpoint of the pool that held and
+    the pool that ran out, until the bracket is narrower than EDGE_TOL; other knobs: unmoved."""
+    space = _space()
+    edge = KvEdge(space, MODEL, CAP, CELLS)
+    params = {"block_size": 16, "max_batch_size": 8, "max_num_batched_tokens": 8192}
+    top = edge.edge(params, [])
+    held = _run({**params, "kv_cache_tokens": 8192}, "ok")
+    failed = _run({**params, "kv_cache_tokens": top - 4096}, "oom")
+    assert edge.bracket(params, [held, failed]) == (8192, top - 4096)
+    mid = edge.edge(params, [held, failed])
+    assert 8192 < mid < top - 4096 and abs(mid - (8192 + top - 4096) / 2) <= 16
+    close = _run({**params, "kv_cache_tokens": 8192 + 64}, "oom")   # within 2%: closed
+    assert edge.edge(params, [held, close]) == 8192
+    other = {**params, "max_batch_size": 16}
+    assert edge.edge(other, [held, failed]) == edge.edge(other, [])
+    bigger = _run({**params, "kv_cache_tokens": top + 1024}, "slo")   # the model was low
+    assert edge.edge(params, [bigger]) == top + 1024
+
+
+def test_the_filter_never_rejects_a_need_seen_healthy():
+    """OOMs that put the forward scale above what a healthy run allows must not turn that
+    healthy config (or a smaller one) away."""
+    space = _space()
+    edge = KvEdge(space, MODEL, CAP, CELLS)
+    params = {"block_size": 16, "max_batch_size": 8, "max_num_batched_tokens": 8192}
+    ran = {**params, "kv_cache_tokens": 8192}
+    est = estimate(MODEL, knobs_from_params(space, ran), list(CELLS))
+    oom = TrialRecord.of(optuna.trial.create_trial(
+        params={"x": 1}, distributions={"x": IntDistribution(0, 2)}, values=[0.0],
+        user_attrs={"memory_estimate": estimate_attr(est, False), "outcome": "oom",
+                    "cells": [{"cell": {"key": est.peak_cell}}]}))
+    assert edge.slack_of([oom])(params) < 0
+    assert edge.slack_of([oom, _run(ran, "ok")])(params) >= 0

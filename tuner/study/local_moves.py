@@ -63,11 +63,16 @@ def _move(value: Any, dist: BaseDistribution, rng: random.Random) -> Any:
     if isinstance(dist, CategoricalDistribution):
         others = [c for c in dist.choices if c != value]
         return rng.choice(others) if others else value
+    return shift(value, dist, rng.uniform(0.02, STEP_SCALE) * rng.choice((-1.0, 1.0)))
+
+
+def shift(value: Any, dist: BaseDistribution, step: float) -> Any:
+    """A number moved by `step` (a signed share of its range, on its log or linear scale),
+    clipped to the range; an int moves at least one grid step the same way."""
     assert isinstance(dist, (IntDistribution, FloatDistribution))
     low, high = float(dist.low), float(dist.high)
     if high <= low:
         return value
-    step = rng.uniform(0.02, STEP_SCALE) * rng.choice((-1.0, 1.0))
     if dist.log:
         new = math.exp(math.log(float(value)) + step * (math.log(high) - math.log(low)))
     else:

@@ -31,7 +31,7 @@ from optuna.samplers import BaseSampler, RandomSampler
 from optuna.trial import FrozenTrial, TrialState
 
 from tuner.study.local_moves import incumbents, inert_knobs, neighbour
-from tuner.study.record import TrialRecord, config_key, records
+from tuner.study.record import KV_SHARE, TrialRecord, config_key, records
 from tuner.trial.kv_share import KvEdge
 
 TRIES = 16      # candidates drawn per proposal at most (one TPE draw costs ~10 ms)
@@ -75,12 +75,14 @@ class GuidedSampler(BaseSampler):
     it can fit).  `startup`: the wrapped sampler's start-up length; local moves begin there."""
 
     def __init__(self, base: BaseSampler, slack_of: SlackOf | None, startup: int,
-                 seed: int | None = None) -> None:
+                 seed: int | None = None, edge: KvEdge | None = None) -> None:
         self._base = base
         self._slack_of = slack_of or _fits_always
         self._startup = startup
+        self._edge = edge
         self._random = RandomSampler(seed=seed)
         self._rng = random.Random(seed)
+        self.turned_away: list[dict[str, Any]] = []   # candidates the memory model rejected
 
     @property
     def base(self) -> BaseSampler:
@@ -102,6 +104,7 @@ class GuidedSampler(BaseSampler):
                 return local
         best: dict[str, Any] = {}
         best_slack = -math.inf
+        rejected = []
         for _ in range(TRIES):
             params = self._draw(study, trial, search_space)
             s = slack(params)
@@ -109,6 +112,9 @@ class GuidedSampler(BaseSampler):
                 best, best_slack = params, s
             if s >= 0:
                 break
+            if s > -math.inf:
+                rejected.append(params)
+        self.turned_away += [p for p in rejected if p is not best]
         return best
 
     def _local(self, trials: Sequence[TrialRecord], directions: Sequence[Any],
@@ -117,16 +123,33 @@ class GuidedSampler(BaseSampler):
         tops = incumbents(trials, directions)
         if not tops:
             return None
-        seen = {config_key({k: t.params.get(k) for k in search_space}) for t in trials}
+        tops = _distinct(tops)
+        top = self._rng.choice(tops)
+        if not search_space.keys() <= top.params.keys():
+            return None
+        base = {k: top.params[k] for k in search_space}
+        fresh = self._fresh(trials, slack)
         inert = inert_knobs(trials, list(search_space))
         for _ in range(TRIES):
-            top = self._rng.choice(tops)
-            if not search_space.keys() <= top.params.keys():
-                return None
-            cand = neighbour(top.params, search_space, self._rng, inert)
-            if config_key(cand) not in seen and slack(cand) >= 0:
+            cand = neighbour(base, search_space, self._rng, inert)
+            if fresh(cand):
                 return cand
         return None
+
+    def _fresh(self, trials: Sequence[TrialRecord],
+               slack: Slack) -> Callable[[dict[str, Any]], bool]:
+        """Whether a candidate fits by the memory model and renders to a config not run yet
+        (the KV share rendered to its pool: two shares can be one pool, or two pools)."""
+        seen = {config_key(t.params) for t in trials}
+        edge = self._edge
+
+        def fresh(cand: dict[str, Any]) -> bool:
+            full = cand
+            if edge is not None and KV_SHARE in cand:
+                rest = {k: v for k, v in cand.items() if k != KV_SHARE}
+                full = {**rest, edge.param.name: edge.value(rest, cand[KV_SHARE], trials)}
+            return config_key(full) not in seen and slack(cand) >= 0
+        return fresh
 
     def _draw(self, study: optuna.Study, trial: FrozenTrial,
               search_space: dict[str, BaseDistribution]) -> dict[str, Any]:
@@ -154,6 +177,15 @@ class GuidedSampler(BaseSampler):
         self._rng.seed()
 
 
+def _distinct(tops: list[TrialRecord]) -> list[TrialRecord]:
+    """The incumbents, of several with equal values only the first: a copy of the best
+    config at a pool that made no difference is not a second place to search from."""
+    out: dict[tuple[float, ...], TrialRecord] = {}
+    for t in sorted(tops, key=lambda t: t.number):
+        out.setdefault(tuple(t.values or ()), t)
+    return list(out.values())
+
+
 def guided(sampler: BaseSampler, edge: KvEdge | None, startup: int,
            seed: int | None) -> BaseSampler:
     """`sampler` wrapped as the tuner proposes; unchanged for random and grid search, which
@@ -161,4 +193,5 @@ def guided(sampler: BaseSampler, edge: KvEdge | None, startup: int,
     filter passes everything."""
     if isinstance(sampler, (RandomSampler, optuna.samplers.GridSampler)):
         return sampler
-    return GuidedSampler(sampler, edge.slack_of if edge is not None else None, startup, seed)
+    return GuidedSampler(sampler, edge.slack_of if edge is not None else None, startup, seed,
+                         edge=edge)
