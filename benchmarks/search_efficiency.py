@@ -3,15 +3,16 @@ ground truth from a grid, then the tuner vs plain Optuna TPE vs random vs grid.
 
 Scenarios (benchmarks/search_scenarios.py): different models, simulated cards, workloads and
 SLOs, one with the optimum at the memory edge, one long-context, one held out of the design.
-All simulated in-process (`tuner.trial.inprocess.InProcessRunner`), through the same TrialObjective /
-record / pre-screen / staging / warm-start code as `tuner tune`.
+All simulated in-process (`tuner.trial.inprocess.InProcessRunner`), through the same
+TrialObjective / record / pre-screen / staging / warm-start code as `tuner tune`.
 
 Figure of merit: output throughput over the scenario's matrix of a config that runs every cell
 healthy and meets the SLO.  Ground truth: the best over the scenario's near-exhaustive grid (every
 config run on the full matrix, stress cell first).  The searches are not limited to the grid and
 can beat it, so the reference each ratio divides by is the larger of that and the best config any
-study of the scenario found (the best known).  Methods, 10 seeds, one 40-measured-trial study per seed and method (budgets 10,
-20, 30 are its prefixes of measured trials; the tuner's TPE start-up length is set for 40):
+study of the scenario found (the best known).  Methods, 10 seeds, one 40-measured-trial study
+per seed and method (budgets 10, 20, 30 are its prefixes of measured trials; the tuner's TPE
+start-up length is set for 40):
 * tuner: `tune`'s defaults (KV as a share of the headroom, pre-screen, 3 screening cells,
   runnable default as trial 0, multivariate TPE with constraints, guided proposals:
   `tuner.study.proposals`);
@@ -22,7 +23,8 @@ Targets, every scenario: median best/truth >= 0.98 at 30 and >= 0.90 at 20; no s
 at 30; tuner beats random in >= 9 of 10 seeds at every budget; >= 80% of the would-OOM configs
 the tuner considered are not launched, with 0 feasible ones turned away (counted: pre-screen
 skips, and the candidates the proposals' memory filter rejected, each checked at the smallest
-pool on the simulator); OOM launches <= 10% of the tuner's measured trials after its first 5.  Prints one table; exits 1 when a target fails.
+pool on the simulator); OOM launches <= 10% of the tuner's measured trials after its first 5.
+Prints one table (benchmarks/search_report.py); exits 1 when a target fails.
 
 Usage: python benchmarks/search_efficiency.py [--seeds 10] [--procs 2] [--scenarios a,b]
 (ground truth and finished studies are cached under benchmarks/out/, per version of the tuner's
@@ -37,7 +39,6 @@ import itertools
 import math
 import multiprocessing as mp
 import pickle
-import statistics
 import sys
 import time
 import warnings
@@ -50,7 +51,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
+from search_report import BUDGETS, METHODS, scenario_table  # noqa: E402
 from search_scenarios import BASE_GRID, EDGE_SHARES, KV_SHARES, SCENARIOS, Scenario, by_name  # noqa: E402
+
 from tuner.commands.tune_options import warm_start  # noqa: E402
 from tuner.search.bounds import resolve_space  # noqa: E402
 from tuner.search.model import load_model_info  # noqa: E402
@@ -59,8 +62,8 @@ from tuner.search.space import SearchSpace  # noqa: E402
 from tuner.search.space_file import load_space  # noqa: E402
 from tuner.search.workload import Workload  # noqa: E402
 from tuner.sim.profiles import get_profile  # noqa: E402
-from tuner.study.proposals import guided  # noqa: E402
 from tuner.study.objective import TrialObjective, counted  # noqa: E402
+from tuner.study.proposals import guided  # noqa: E402
 from tuner.study.record import KV_SHARE, TrialRecord, config_key  # noqa: E402
 from tuner.study.sampler import make_sampler, startup_trials  # noqa: E402
 from tuner.trial.context import TrialContext  # noqa: E402
@@ -71,8 +74,6 @@ from tuner.trial.stages import stress_order  # noqa: E402
 
 OUT = ROOT / "benchmarks" / "out"
 LAUNCH_S = 60.0
-BUDGETS = (10, 20, 30, 40)
-METHODS = ("tuner", "tpe", "random", "grid")
 
 
 # ----- one scenario's setting --------------------------------------------------------------
@@ -226,66 +227,6 @@ def _init() -> None:
     torch.set_num_threads(1)
     warnings.filterwarnings("ignore")
     optuna.logging.set_verbosity(optuna.logging.ERROR)
-
-
-# ----- reporting ---------------------------------------------------------------------------
-def prefix(rows: list[dict[str, Any]], budget: int) -> list[dict[str, Any]]:
-    """The trials up to and including the `budget`-th measured one."""
-    out, n = [], 0
-    for r in rows:
-        if n >= budget:
-            break
-        out.append(r)
-        n += r["measured"]
-    return out
-
-
-def scenario_table(sc: Scenario, results: list[dict[str, Any]], best: float,
-                   n_seeds: int) -> list[str]:
-    """One block of the table, and the failed targets appended to `fails`."""
-    per = {m: {r["seed"]: r["rows"] for r in results if r["method"] == m} for m in METHODS}
-    lines, fails = [], []
-    for budget in BUDGETS:
-        ratios = {m: {s: max((r["best"] for r in prefix(rows, budget)), default=0.0) / best
-                      for s, rows in per[m].items()} for m in METHODS}
-        rnd = ratios["random"]
-        cells = []
-        for m in METHODS:
-            v = list(ratios[m].values())
-            wins = sum(ratios[m][s] > rnd.get(s, math.inf) for s in ratios[m])
-            cells.append(f"{statistics.median(v):.3f} [{min(v):.3f}]" + (
-                f" {wins:>2}/{len(v)}" if m != "random" else "       "))
-        lines.append(f"  {budget:>6}  " + "  ".join(f"{c:>21}" for c in cells))
-        tv = list(ratios["tuner"].values())
-        wins = sum(ratios["tuner"][s] > rnd[s] for s in rnd)
-        if budget == 30 and (statistics.median(tv) < 0.98 or min(tv) < 0.90):
-            fails.append(f"at 30: median {statistics.median(tv):.3f} (>= 0.98), min {min(tv):.3f} (>= 0.90)")
-        if budget == 20 and statistics.median(tv) < 0.90:
-            fails.append(f"at 20: median {statistics.median(tv):.3f} (>= 0.90)")
-        if wins < math.ceil(0.9 * n_seeds):
-            fails.append(f"at {budget}: beats random in {wins}/{n_seeds} (>= 9/10)")
-    rows = [r for s in per["tuner"].values() for r in prefix(s, BUDGETS[-1])]
-    away = [a for r in results if r["method"] == "tuner" for a in r.get("away", [])]
-    away_oom, away_ok = away.count("oom"), sum(a in ("ok", "slo") for a in away)
-    would = [r for r in rows if r["skipped"] and r["truth"] == "oom"] + [r for r in rows if r["oom"]]
-    skipped = sum(r["skipped"] and r["truth"] == "oom" for r in rows) + away_oom
-    false = sum(r["skipped"] and r["truth"] in ("ok", "slo") for r in rows) + away_ok
-    n_would = len(would) + away_oom
-    late = [r for s in per["tuner"].values() for r in [x for x in prefix(s, BUDGETS[-1])
-                                                       if x["measured"]][5:]]
-    late_oom = sum(r["oom"] for r in late)
-    lines.append(f"  pre-screen: {skipped}/{n_would} would-OOM configs not launched, {false} "
-                 f"feasible not launched (of which turned away by the proposals' memory "
-                 f"filter: {away_oom} would OOM, {away_ok} feasible at the smallest pool); "
-                 f"OOM launches after the first 5: {late_oom}/{len(late)}"
-                 f" = {late_oom / max(1, len(late)):.1%}")
-    if false or (n_would and skipped < 0.8 * n_would):
-        fails.append(f"pre-screen: {skipped}/{n_would} not launched (>= 80%), {false} "
-                     "feasible not launched (0)")
-    if late_oom > 0.10 * len(late):
-        fails.append(f"OOM launches {late_oom}/{len(late)} after the first 5 (<= 10%)")
-    lines += [f"  FAIL {f}" for f in fails] or ["  all targets met"]
-    return lines
 
 
 def main() -> int:

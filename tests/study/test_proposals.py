@@ -94,3 +94,17 @@ def test_candidates_the_memory_filter_rejected_are_kept_for_the_record():
     optuna.logging.set_verbosity(optuna.logging.ERROR)
     study.optimize(_objective, n_trials=10)
     assert sampler.turned_away and all(p["x"] > 8 for p in sampler.turned_away)
+
+
+def test_of_tied_incumbents_the_first_is_the_one_searched_from():
+    """A copy of the best config at a pool that made no difference ties with it: searching
+    from both would spend the local moves on two versions of one place."""
+    from tuner.study.proposals import _distinct
+
+    trials = []
+    for number, y in ((7, 0.9), (3, 0.5)):
+        t = optuna.trial.create_trial(params={"x": 4, "y": y}, values=[2.0],
+                                      distributions={k: DISTS[k] for k in ("x", "y")})
+        t.number = number
+        trials.append(TrialRecord.of(t))
+    assert [t.number for t in _distinct(trials)] == [3]
