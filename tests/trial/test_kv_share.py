@@ -12,7 +12,7 @@ from tuner.search.bounds import resolve_space
 from tuner.search.model import load_model_info
 from tuner.search.space_file import load_space
 from tuner.study.record import TrialRecord
-from tuner.trial.kv_share import KvEdge, calibrate, kv_param, runnable
+from tuner.trial.kv_share import Calibration, KvEdge, calibrate, kv_param, runnable
 from tuner.trial.memory_estimate import Estimate, estimate, knobs_from_params
 from tuner.trial.prescreen import estimate_attr
 
@@ -237,3 +237,12 @@ def test_the_filter_never_rejects_a_need_seen_healthy():
                     "cells": [{"cell": {"key": est.peak_cell}}]}))
     assert edge.slack_of([oom])(params) < 0
     assert edge.slack_of([oom, _run(ran, "ok")])(params) >= 0
+
+
+def test_an_oom_the_estimate_predicted_does_not_make_it_more_optimistic():
+    """An OOM proves the forward scale above room/forward; when the estimate already called the
+    config too big (that bound under 1), the estimate stands: the OOM must not lower k."""
+    assert Calibration(0, {"c": (0.3, math.inf)}).k("c") == 1.0
+    assert Calibration(0, {"c": (0.3, 1.5)}).k("c") == 1.0
+    assert Calibration(0, {"c": (0.0, 0.8)}).k("c") == 0.8   # healthy runs proved it smaller
+    assert Calibration(0, {"c": (1.2, math.inf)}).k("c") > 1.2

@@ -73,8 +73,10 @@ class Calibration:
     def k(self, cell: str) -> float:
         """The forward scale the edge assumes for this mechanism (see module doc)."""
         lo, hi = self.scale.get(cell, (0.0, math.inf))
+        if lo < 1.0 <= hi:  # the evidence does not contradict the estimate: keep it (an OOM
+            return 1.0      # the estimate already predicted proves k above less than 1)
         if lo <= 0.0:
-            return min(1.0, hi)
+            return hi
         if hi == math.inf:  # galloping: double the under-estimate proven so far
             return lo + max(lo - 1.0, MIN_STEP)
         return (lo + hi) / 2 if hi > lo else lo + MIN_STEP
