@@ -76,6 +76,21 @@ def test_random_and_grid_are_left_alone():
     assert isinstance(guided(optuna.samplers.TPESampler(seed=0), None, 10, 0), GuidedSampler)
 
 
+def test_the_kv_share_is_never_inert_and_a_knob_moved_with_the_pool_is_not_judged_alone():
+    a = _record({"x": 4, "kv_share": 0.2, "kv": 40}, value=2.0)
+    b = _record({"x": 4, "kv_share": 0.5, "kv": 70}, value=2.0)   # only the pool moved
+    c = _record({"x": 8, "kv_share": 0.5, "kv": 50}, value=2.0)   # x moved, and the pool too
+    assert inert_knobs([a, b, c], ["x", "kv_share"]) == set()
+
+
+def test_a_stepped_float_moves_on_its_grid():
+    dist = FloatDistribution(0.5, 0.95, step=0.01)
+    rng = random.Random(1)
+    for _ in range(100):
+        moved = neighbour({"f": 0.8}, {"f": dist}, rng)["f"]
+        assert dist._contains(dist.to_internal_repr(moved)), moved
+
+
 def test_a_knob_whose_change_alone_changed_nothing_is_inert():
     a = _record({"x": 4, "y": 0.5, "c": 16}, value=2.0)
     b = _record({"x": 4, "y": 0.5, "c": 256}, value=2.0)     # only c moved, same value

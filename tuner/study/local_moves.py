@@ -25,7 +25,7 @@ from optuna.distributions import (
 )
 from optuna.study import StudyDirection
 
-from tuner.study.record import TrialRecord
+from tuner.study.record import KV_SHARE, TrialRecord
 
 MAX_CHANGES = 2
 STEP_SCALE = 0.25   # the largest move of a number, as a share of its range (log or linear)
@@ -52,9 +52,13 @@ def inert_knobs(trials: Sequence[TrialRecord], names: Sequence[str]) -> set[str]
     out: set[str] = set()
     for i, a in enumerate(runs):
         for b in runs[i + 1:]:
-            diff = [n for n in names if a.params.get(n) != b.params.get(n)]
-            if len(diff) == 1 and all(math.isclose(x, y, rel_tol=1e-9)
-                                      for x, y in zip(a.values or (), b.values or ())):
+            # over the configs as run: the rendered KV pool counts, the sampler's share does not
+            # (a pool matters only once it limits the batch: it is never called inert)
+            keys = (set(a.params) | set(b.params)) - {KV_SHARE}
+            diff = [n for n in keys if a.params.get(n) != b.params.get(n)]
+            same = all(math.isclose(x, y, rel_tol=1e-9)
+                       for x, y in zip(a.values or (), b.values or ()))
+            if len(diff) == 1 and diff[0] in names and same:
                 out.add(diff[0])
     return out
 
@@ -84,6 +88,8 @@ def shift(value: Any, dist: BaseDistribution, step: float) -> Any:
         if low + n * q == value:  # a move too small for the grid: one step the same way
             n += 1 if step > 0 else -1
         return int(min(high, max(low, low + n * q)))
+    if dist.step is not None:  # off its grid, Optuna would silently draw another value
+        return min(high, max(low, low + round((new - low) / dist.step) * dist.step))
     return new
 
 

@@ -98,7 +98,8 @@ class GuidedSampler(BaseSampler):
             return self._base.sample_relative(study, trial, search_space)
         trials = records(study, (TrialState.COMPLETE,))
         slack = _avoiding(dead_choices(trials, search_space), self._slack_of(trials))
-        if len(trials) >= self._startup and len(trials) % 2 == 0:
+        # alternate by trial number: handed out atomically, so workers of one study alternate too
+        if len(trials) >= self._startup and trial.number % 2 == 0:
             local = self._local(trials, study.directions, search_space, slack)
             if local is not None:
                 return local
