@@ -74,6 +74,8 @@ from tuner.trial.stages import stress_order  # noqa: E402
 
 OUT = ROOT / "benchmarks" / "out"
 LAUNCH_S = 60.0
+TUNER_ONLY = {"study/proposals.py", "study/local_moves.py", "study/design.py",
+              "study/choices.py"}  # modules only `guided` runs
 
 
 # ----- one scenario's setting --------------------------------------------------------------
@@ -153,7 +155,7 @@ def ground_truth(sc: Scenario, pool: Any) -> list[dict[str, Any]]:
 # ----- one study ---------------------------------------------------------------------------
 def run_study(job: tuple[str, str, int]) -> dict[str, Any]:
     """40 measured trials of one method and seed; per-trial facts (cached per code version)."""
-    path = OUT / "studies" / fingerprint() / ("-".join(map(str, job)) + ".pkl")
+    path = OUT / "studies" / fingerprint(method=job[1]) / ("-".join(map(str, job)) + ".pkl")
     if path.is_file():
         return pickle.loads(path.read_bytes())
     name, method, seed = job
@@ -206,15 +208,18 @@ def _turned_away(sc: Scenario, space: SearchSpace, cands: list[dict[str, Any]]) 
     return [truth(sc, c)["outcome"] for c in configs.values()]
 
 
-def fingerprint(sc: Scenario | None = None) -> str:
+def fingerprint(sc: Scenario | None = None, method: str = "tuner") -> str:
     """Hash of the code a cached result came from: it is reused only if that code is the code
     that would run now.  With a scenario: the key of its ground truth, which depends on the
-    simulator, the runner and that scenario's definition only."""
+    simulator, the runner and that scenario's definition only.  The baselines (plain TPE,
+    random, grid) never run the guided proposals, so those modules are not part of their key:
+    a change to the tuner's search re-runs the tuner's studies only."""
     t = ROOT / "tuner"
     files = [*(t / "sim").glob("*.py"), *(t / "trial" / f for f in (
         "inprocess.py", "stages.py", "memory_estimate.py", "result.py")),
         t / "search" / "bounds.py", t / "server" / "outcome.py"] if sc is not None else \
-        [*(p for p in t.rglob("*.py") if "commands" not in p.parts),
+        [*(p for p in t.rglob("*.py") if "commands" not in p.parts
+           and (method == "tuner" or p.relative_to(t).as_posix() not in TUNER_ONLY)),
          ROOT / "benchmarks" / "search_scenarios.py"]
     h = hashlib.sha256(repr((sc, BASE_GRID, KV_SHARES, EDGE_SHARES)).encode() if sc else b"")
     for path in sorted([*files, ROOT / "search_spaces" / "infinilm.yaml"]):
