@@ -75,7 +75,7 @@ from tuner.trial.stages import stress_order  # noqa: E402
 OUT = ROOT / "benchmarks" / "out"
 LAUNCH_S = 60.0
 TUNER_ONLY = {"study/proposals.py", "study/local_moves.py", "study/design.py",
-              "study/choices.py"}  # modules only `guided` runs
+              "study/choices.py", "trial/kv_share.py"}  # run by the tuner method only
 
 
 # ----- one scenario's setting --------------------------------------------------------------
