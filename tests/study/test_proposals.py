@@ -67,7 +67,7 @@ def test_proposals_prefer_candidates_that_fit():
     optuna.logging.set_verbosity(optuna.logging.ERROR)
     study.optimize(_objective, n_trials=30)
     fits = sum(t.params["x"] <= 8 for t in study.trials[1:])
-    assert fits >= 22   # plain TPE, same seed: 18
+    assert fits >= 21   # plain TPE, same seed: 18
 
 
 def test_random_and_grid_are_left_alone():
@@ -123,3 +123,59 @@ def test_of_tied_incumbents_the_first_is_the_one_searched_from():
         t.number = number
         trials.append(TrialRecord.of(t))
     assert [t.number for t in _distinct(trials)] == [3]
+
+
+def test_a_choice_no_launched_trial_had_is_tried_as_a_flip_of_the_incumbent():
+    from tuner.study.local_moves import untried_flips
+
+    ran = _record({"x": 4, "y": 0.5, "c": 16})
+    skipped = _record({"x": 4, "y": 0.5, "c": 128}, outcome="skipped")   # never launched
+    flips = untried_flips(ran.params, [ran, skipped], SPACE)
+    assert flips == [{"x": 4, "y": 0.5, "c": 128}, {"x": 4, "y": 0.5, "c": 256}]
+    launched = _record({"x": 8, "y": 0.1, "c": 256}, outcome="oom")
+    assert untried_flips(ran.params, [ran, launched], SPACE) == [{"x": 4, "y": 0.5, "c": 128}]
+
+
+def test_the_memory_filter_does_not_hide_a_choice_that_was_never_launched():
+    """The memory model says c != 16 never fits: the filter keeps every draw at 16, and the
+    local moves try each other choice exactly once, as a flip of the incumbent."""
+    slack_of = lambda trials: (lambda params: 1.0 if params["c"] == 16 else -1.0)  # noqa: E731
+    base = optuna.samplers.TPESampler(seed=0, multivariate=True, n_startup_trials=100)
+    sampler = GuidedSampler(base, slack_of, 4, seed=0)   # TPE in its start-up: design draws
+    study = optuna.create_study(direction="maximize", sampler=sampler)
+    study.enqueue_trial({"x": 4, "y": 0.5, "c": 16})
+    optuna.logging.set_verbosity(optuna.logging.ERROR)
+    study.optimize(lambda t: t.suggest_int("x", 1, 128, log=True) * t.suggest_float("y", 0, 1)
+                   + 0 * t.suggest_categorical("c", [16, 128, 256]), n_trials=16)
+    tried = [t.params["c"] for t in study.trials]
+    assert tried.count(128) == 1 and tried.count(256) == 1
+
+
+def test_a_pattern_move_repeats_the_step_of_the_last_improvement():
+    from tuner.study.local_moves import pattern_move
+
+    trials = []
+    for number, (x, y, c, value) in enumerate([(4, 0.2, 16, 1.0), (2, 0.9, 16, 0.5),
+                                               (8, 0.3, 128, 2.0)]):
+        t = optuna.trial.create_trial(params={"x": x, "y": y, "c": c}, values=[value],
+                                      distributions={k: SPACE[k] for k in ("x", "y", "c")},
+                                      user_attrs={"outcome": "ok"})
+        t.number = number
+        trials.append(TrialRecord.of(t))
+    move = pattern_move(trials, [StudyDirection.MAXIMIZE], SPACE)
+    assert move["x"] == 16 and abs(move["y"] - 0.4) < 1e-9 and move["c"] == 128
+    assert pattern_move(trials[:1], [StudyDirection.MAXIMIZE], SPACE) is None
+    assert pattern_move(trials, [StudyDirection.MAXIMIZE] * 2, SPACE) is None
+
+
+def test_a_choice_the_filter_hides_is_flipped_during_the_start_up_too():
+    slack_of = lambda trials: (lambda params: 1.0 if params["c"] == 16 else -1.0)  # noqa: E731
+    base = optuna.samplers.TPESampler(seed=0, multivariate=True, n_startup_trials=100)
+    sampler = GuidedSampler(base, slack_of, 100, seed=0)      # the whole study is start-up
+    study = optuna.create_study(direction="maximize", sampler=sampler)
+    study.enqueue_trial({"x": 4, "y": 0.5, "c": 16})
+    optuna.logging.set_verbosity(optuna.logging.ERROR)
+    study.optimize(lambda t: t.suggest_int("x", 1, 128, log=True) * t.suggest_float("y", 0, 1)
+                   + 0 * t.suggest_categorical("c", [16, 128, 256]), n_trials=12)
+    tried = [t.params["c"] for t in study.trials]
+    assert tried.count(128) == 1 and tried.count(256) == 1 and tried.index(128) < 8

@@ -27,8 +27,9 @@ def _space():
     return resolve_space(load_space(ROOT / "search_spaces" / "infinilm.yaml"), MODEL, CAP, CELLS)
 
 
-def _trial(est: Estimate, outcome: str, idle: int | None = None, ran: bool = True):
-    attrs = {"memory_estimate": estimate_attr(est, False), "outcome": outcome,
+def _trial(est: Estimate, outcome: str, idle: int | None = None, ran: bool = True,
+           graph: bool = False):
+    attrs = {"memory_estimate": estimate_attr(est, graph), "outcome": outcome,
              "cells": [{"cell": "c"}] if ran else []}
     if idle is not None:
         attrs["idle_bytes"] = idle
@@ -54,7 +55,12 @@ def test_forward_scale_is_bisected_between_oom_and_healthy_runs():
 
 def test_startup_oom_raises_the_runtime_floor():
     cal = calibrate([_trial(_est(8.0), "oom", ran=False)], CAP)
-    assert cal.runtime_floor == CAP - 15 * GIB - 8 * GIB and cal.scale == {}
+    assert cal.runtime_floor[False] == CAP - 15 * GIB - 8 * GIB and cal.scale == {}
+    # the floor belongs to the config's CUDA-graph setting: a graph capture that ran out of
+    # memory at start-up says nothing about the runtime without graphs (on 70B / H200 one such
+    # OOM raised every config's need, and the filter then admitted what the estimate underrates)
+    graphs = calibrate([_trial(_est(8.0), "oom", ran=False, graph=True)], CAP)
+    assert graphs.runtime_floor == {False: 0, True: CAP - 15 * GIB - 8 * GIB}
 
 
 def test_edge_is_the_largest_pool_that_fits_and_moves_down_after_an_oom():
@@ -242,7 +248,18 @@ def test_the_filter_never_rejects_a_need_seen_healthy():
 def test_an_oom_the_estimate_predicted_does_not_make_it_more_optimistic():
     """An OOM proves the forward scale above room/forward; when the estimate already called the
     config too big (that bound under 1), the estimate stands: the OOM must not lower k."""
-    assert Calibration(0, {"c": (0.3, math.inf)}).k("c") == 1.0
-    assert Calibration(0, {"c": (0.3, 1.5)}).k("c") == 1.0
-    assert Calibration(0, {"c": (0.0, 0.8)}).k("c") == 0.8   # healthy runs proved it smaller
-    assert Calibration(0, {"c": (1.2, math.inf)}).k("c") > 1.2
+    def k(lo: float, hi: float) -> float:
+        return Calibration({False: 0, True: 0}, {"c": (lo, hi)}).k("c")
+    assert k(0.3, math.inf) == 1.0 and k(0.3, 1.5) == 1.0
+    assert k(0.0, 0.8) == 0.8           # healthy runs proved it smaller
+    assert k(0.8, 0.98) == 0.98         # an OOM below that leaves it there, never lower
+    assert k(0.44, 0.37) > 0.44         # the runs disagree: the OOM wins
+    assert Calibration({False: 0, True: 0}, {"c": (1.2, math.inf)}).k("c") > 1.2
+
+
+def test_an_oom_with_cuda_graphs_calibrates_the_graph_configs_only():
+    oom = _trial(_est(5.0, 1.0), "oom", graph=True)          # proves k > 1.5 with graphs
+    healthy = _trial(_est(4.0, 2.0), "ok")                   # proves k <= 1.5 without
+    cal = calibrate([oom, healthy], CAP)
+    assert cal.k("c", graph=False) == 1.0 and cal.k("c", graph=True) > 1.0
+    assert calibrate([healthy], CAP).k("c", graph=True) == 1.0   # no evidence: the shared one

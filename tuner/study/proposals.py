@@ -7,12 +7,12 @@ Why the filter: where most of the space cannot run at all (Llama-3.1-70B on an H
 whole 40-trial budgets on launches that died.  The study's own memory model
 (`tuner.trial.kv_share`: the estimate with its runtime and forward scale calibrated from the
 OOMs and healthy runs seen) already knows most of that region.  So a proposal is drawn up to
-`TRIES` times from the wrapped sampler (during its start-up, uniformly at random: a random
-design that fits by the estimate) and the first candidate whose calibrated need fits the card
-at the smallest KV pool wins; if none does, the one closest to fitting.  The filter ranks, it
-never forbids: the estimate can be wrong, and the outcome of a config it misjudged corrects
-the calibration.  The KV pool itself is still drawn as a share of the headroom the chosen knobs
-leave.  Enqueued configs are never changed.
+`TRIES` times from the wrapped sampler (during its start-up, from `tuner.study.design`: a
+Latin hypercube that fits by the estimate) and the first candidate whose calibrated need fits
+the card at the smallest KV pool wins; if none does, the one closest to fitting.  The filter
+ranks, it never forbids: the estimate can be wrong, and the outcome of a config it misjudged
+corrects the calibration.  The KV pool itself is still drawn as a share of the headroom the
+chosen knobs leave.  Enqueued configs are never changed.
 
 Why the neighbours: see `tuner.study.local_moves`.  TPE finds the region, the local moves
 finish the walk; alternating keeps TPE's global view alive for a second region.
@@ -20,6 +20,7 @@ finish the walk; alternating keeps TPE's global view alive for a second region.
 
 from __future__ import annotations
 
+import itertools
 import math
 import random
 from collections.abc import Callable, Sequence
@@ -30,7 +31,14 @@ from optuna.distributions import BaseDistribution, CategoricalDistribution
 from optuna.samplers import BaseSampler, RandomSampler
 from optuna.trial import FrozenTrial, TrialState
 
-from tuner.study.local_moves import incumbents, inert_knobs, neighbour
+from tuner.study import design
+from tuner.study.local_moves import (
+    incumbents,
+    inert_knobs,
+    neighbour,
+    pattern_move,
+    untried_flips,
+)
 from tuner.study.record import KV_SHARE, TrialRecord, config_key, records
 from tuner.trial.kv_share import KvEdge
 
@@ -80,8 +88,8 @@ class GuidedSampler(BaseSampler):
         self._slack_of = slack_of or _fits_always
         self._startup = startup
         self._edge = edge
-        self._random = RandomSampler(seed=seed)
         self._rng = random.Random(seed)
+        self._design = design.StartupDesign(startup, self._rng)
         self.turned_away: list[dict[str, Any]] = []   # candidates the memory model rejected
 
     @property
@@ -97,10 +105,12 @@ class GuidedSampler(BaseSampler):
         if not search_space or "fixed_params" in trial.system_attrs:
             return self._base.sample_relative(study, trial, search_space)
         trials = records(study, (TrialState.COMPLETE,))
-        slack = _avoiding(dead_choices(trials, search_space), self._slack_of(trials))
+        dead = dead_choices(trials, search_space)
+        slack = _avoiding(dead, self._slack_of(trials))
         # alternate by trial number: handed out atomically, so workers of one study alternate too
-        if len(trials) >= self._startup and trial.number % 2 == 0:
-            local = self._local(trials, study.directions, search_space, slack)
+        if trial.number % 2 == 0:
+            local = self._local(trials, study.directions, search_space, slack, dead,
+                                start_up=len(trials) < self._startup)
             if local is not None:
                 return local
         best: dict[str, Any] = {}
@@ -119,23 +129,47 @@ class GuidedSampler(BaseSampler):
         return best
 
     def _local(self, trials: Sequence[TrialRecord], directions: Sequence[Any],
-               search_space: dict[str, BaseDistribution], slack: Slack) -> dict[str, Any] | None:
-        """A neighbour of an incumbent that fits and was not run yet; None if none was found."""
+               search_space: dict[str, BaseDistribution], slack: Slack,
+               dead: set[tuple[str, Any]], start_up: bool) -> dict[str, Any] | None:
+        """A neighbour of an incumbent that was not run yet: first a choice never launched
+        (`untried_flips`, whatever the memory model says; during the start-up only one the
+        memory filter has turned away), then the pattern move, else a random neighbour that
+        fits; None if none was found."""
+        base = self._incumbent(trials, directions, search_space, start_up)
+        if base is None:
+            return None
+        unjudged = self._fresh(trials, _avoiding(dead, lambda params: 0.0))
+        for cand in untried_flips(base, trials, search_space):
+            if (not start_up or self._hidden(cand, base)) and unjudged(cand):
+                return cand
+        if start_up:
+            return None
+        fresh = self._fresh(trials, slack)
+        pattern = pattern_move(trials, directions, search_space)
+        inert = inert_knobs(trials, list(search_space))
+        cands = itertools.chain([] if pattern is None else [pattern],
+                                (neighbour(base, search_space, self._rng, inert)
+                                 for _ in range(TRIES)))
+        return next((c for c in cands if fresh(c)), None)
+
+    def _incumbent(self, trials: Sequence[TrialRecord], directions: Sequence[Any],
+                   search_space: dict[str, BaseDistribution],
+                   start_up: bool) -> dict[str, Any] | None:
+        """The params of an incumbent to move from (the first during the start-up, else one
+        at random); None without one."""
         tops = incumbents(trials, directions)
         if not tops:
             return None
         tops = _distinct(tops)
-        top = self._rng.choice(tops)
+        top = tops[0] if start_up else self._rng.choice(tops)
         if not search_space.keys() <= top.params.keys():
             return None
-        base = {k: top.params[k] for k in search_space}
-        fresh = self._fresh(trials, slack)
-        inert = inert_knobs(trials, list(search_space))
-        for _ in range(TRIES):
-            cand = neighbour(base, search_space, self._rng, inert)
-            if fresh(cand):
-                return cand
-        return None
+        return {k: top.params[k] for k in search_space}
+
+    def _hidden(self, cand: dict[str, Any], base: dict[str, Any]) -> bool:
+        """Whether the choice `cand` flips in `base` is one the memory filter turned away."""
+        return any(p.get(k) == v for k, v in cand.items() if base[k] != v
+                   for p in self.turned_away)
 
     def _fresh(self, trials: Sequence[TrialRecord],
                slack: Slack) -> Callable[[dict[str, Any]], bool]:
@@ -154,12 +188,12 @@ class GuidedSampler(BaseSampler):
 
     def _draw(self, study: optuna.Study, trial: FrozenTrial,
               search_space: dict[str, BaseDistribution]) -> dict[str, Any]:
-        """One candidate of the wrapped sampler; uniform while it is still in its start-up."""
+        """One candidate of the wrapped sampler; the start-up design (`tuner.study.design`)
+        while it is still in its start-up."""
         params = self._base.sample_relative(study, trial, search_space)
         if params:
             return params
-        return {name: self._random.sample_independent(study, trial, name, dist)
-                for name, dist in search_space.items()}
+        return {name: self._design.draw(name, dist) for name, dist in search_space.items()}
 
     def sample_independent(self, study: optuna.Study, trial: FrozenTrial, param_name: str,
                            param_distribution: BaseDistribution) -> Any:
@@ -174,7 +208,6 @@ class GuidedSampler(BaseSampler):
 
     def reseed_rng(self) -> None:
         self._base.reseed_rng()
-        self._random.reseed_rng()
         self._rng.seed()
 
 

@@ -14,17 +14,18 @@ the sampler's own proposals):
 
 * runtime overhead: `tuner.prescreen.calibrated_runtime` (measured idle memory), raised to what
   a start-up OOM proves (weights + pool + runtime > card);
-* forward scale, per mechanism (the cell whose forward is largest, as the pre-screen groups
-  them): the estimate's transient bytes are multiplied by `k`.  An OOM at a config whose static
-  need is S and forward F proves k > (card - S) / F; a healthy run proves k <= (card - S) / F.
-  The edge uses the midpoint of that interval (a bisection of the model error), or twice the
-  lower bound while no healthy run bounds it from above.  With no OOM seen, k = 1;
+* forward scale, per mechanism (the cell, with or without CUDA graphs: `mechanism`): the
+  estimate's transient bytes are multiplied by `k`.  An OOM at a config whose static need is
+  S and forward F proves k > (card - S) / F; a healthy run proves k <= (card - S) / F.  The
+  edge uses the midpoint of that interval (a bisection of the model error), or twice the lower
+  bound while no healthy run bounds it from above.  With no OOM seen, k = 1 or what healthy
+  runs proved below it, and an OOM never lowers k below that;
 * the real edge of one config's other knobs: once they ran healthy at one pool and out of
   memory at a larger one, the edge is the midpoint of that bracket until it is narrower than
   `EDGE_TOL` (a bisection against the stress cell, which runs first), then the pool that held.
   The model alone was 40% over the simulator's edge for the 8B / RTX 4090 scenario's best
-  knobs, and its error differs from config to config, so the calibration alone never lands
-  a pool in the band just under the edge where the best configs of a KV-bound workload sit.
+  knobs, and its error differs between configs: calibration alone never lands a pool in the
+  band just under the edge.
 """
 
 from __future__ import annotations
@@ -67,19 +68,30 @@ def _stored(t: TrialRecord) -> Mapping[str, Any] | None:
 class Calibration:
     """What the study's outcomes say about the estimate's error (see module doc)."""
 
-    runtime_floor: int                  # a start-up OOM proves runtime above this
-    scale: dict[str, tuple[float, float]]  # peak cell -> (k proven above, k proven at most)
+    runtime_floor: dict[bool, int]      # CUDA graphs -> a start-up OOM proves runtime above
+    scale: dict[str, tuple[float, float]]  # mechanism -> (k proven above, k proven at most)
 
-    def k(self, cell: str) -> float:
-        """The forward scale the edge assumes for this mechanism (see module doc)."""
-        lo, hi = self.scale.get(cell, (0.0, math.inf))
-        if lo < 1.0 <= hi:  # the evidence does not contradict the estimate: keep it (an OOM
-            return 1.0      # the estimate already predicted proves k above less than 1)
-        if lo <= 0.0:
-            return hi
+    def k(self, cell: str, graph: bool = False) -> float:
+        """The forward scale the edge assumes for this mechanism (see module doc); with CUDA
+        graphs and no evidence of their own, what the runs without graphs taught."""
+        key = mechanism(cell, graph)
+        lo, hi = self.scale.get(key if key in self.scale else cell, (0.0, math.inf))
+        if lo >= hi:        # the runs disagree (the error differs between configs): the OOMs win
+            return lo + MIN_STEP
+        healthy = min(hi, 1.0)  # the estimate, or less where healthy runs proved it over
+        if lo < healthy:    # an OOM never makes the scale smaller than the healthy runs alone
+            return healthy  # would: on 70B / H200 one did, and the filter admitted OOMs
         if hi == math.inf:  # galloping: double the under-estimate proven so far
             return lo + max(lo - 1.0, MIN_STEP)
-        return (lo + hi) / 2 if hi > lo else lo + MIN_STEP
+        return (lo + hi) / 2
+
+
+def mechanism(cell: str, graph: bool) -> str:
+    """The key of one forward scale: the cell, and whether CUDA graphs were on.  An OOM with
+    graphs says little about the forward without them: on Llama-3.1-70B / H200 the first graph
+    config's OOM, charged to a shared scale, contradicted what the runs without graphs had
+    proven, and the filter then admitted configs that OOMed in a third of the trials."""
+    return f"{cell}+graph" if graph else cell
 
 
 def _cell_evidence(t: TrialRecord, attr: Mapping[str, Any]) -> list[tuple[str, bool]]:
@@ -96,25 +108,27 @@ def _cell_evidence(t: TrialRecord, attr: Mapping[str, Any]) -> list[tuple[str, b
 
 def calibrate(trials: Sequence[TrialRecord], capacity: int) -> Calibration:
     """Bounds on runtime and forward scale from the OOMs and healthy runs seen so far."""
-    floor = 0
+    floor = {False: 0, True: 0}
     scale: dict[str, tuple[float, float]] = {}
     runtimes = {g: calibrated_runtime(trials, g) for g in (False, True)}
     for t in trials:
         attr = _stored(t)
         if attr is None or t.outcome not in (*HEALTHY, "oom"):
             continue
+        graph = bool(attr["cuda_graph"])
         if t.outcome == "oom" and not t.cells:   # died before any cell: the runtime was low
-            floor = max(floor, capacity - attr["weights"] - attr["pool"])
+            floor[graph] = max(floor[graph], capacity - attr["weights"] - attr["pool"])
             continue
-        room = capacity - attr["weights"] - attr["pool"] - runtimes[bool(attr["cuda_graph"])]
+        room = capacity - attr["weights"] - attr["pool"] - runtimes[graph]
         forwards = attr.get("cell_forwards") or {attr["peak_cell"]: attr["forward"]}
         for cell, failed in _cell_evidence(t, attr):
             forward = forwards.get(cell, 0)
             if forward <= 0:
                 continue
-            lo, hi = scale.get(cell, (0.0, math.inf))
+            key = mechanism(cell, graph)
+            lo, hi = scale.get(key, (0.0, math.inf))
             bound = room / forward
-            scale[cell] = (max(lo, bound), hi) if failed else (lo, min(hi, bound))
+            scale[key] = (max(lo, bound), hi) if failed else (lo, min(hi, bound))
     return Calibration(floor, scale)
 
 
@@ -142,9 +156,9 @@ class KvEdge:
         """The config's need with the calibrated runtime and forward scale."""
         knobs = knobs_from_params(self.space, {**params, self.param.name: value})
         est = estimate(self.model, knobs, list(self.cells),
-                       runtime=max(runtime, cal.runtime_floor + 1))
+                       runtime=max(runtime, cal.runtime_floor[knobs.cuda_graph] + 1))
         forwards = est.cell_forwards or ((est.peak_cell, est.forward),)
-        return est.static + est.runtime + max(cal.k(c) * f for c, f in forwards)
+        return est.static + est.runtime + max(cal.k(c, knobs.cuda_graph) * f for c, f in forwards)
 
     def edge(self, params: dict[str, Any], trials: Sequence[TrialRecord]) -> int:
         """The largest KV value (on the knob's step) whose calibrated need fits the card,

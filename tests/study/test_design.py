@@ -1,0 +1,36 @@
+"""The start-up design: a Latin hypercube on each number's own scale, the KV share in the upper
+half of the headroom, categorical choices balanced."""
+
+import math
+import random
+
+from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution
+
+from tuner.study.design import StartupDesign, level
+
+
+def test_levels_are_positions_on_the_knobs_own_scale_and_step():
+    log_int = IntDistribution(1, 128, log=True)
+    assert [level(log_int, p) for p in (0.0, 0.5, 1.0)] == [1, 11, 128]
+    stepped = IntDistribution(1024, 32768, step=1024)
+    assert [level(stepped, p) for p in (0.0, 0.5, 1.0)] == [1024, 17408, 32768]
+    mid = level(FloatDistribution(0.5, 0.95, step=0.01), 0.5)
+    assert math.isclose(mid, 0.72) or math.isclose(mid, 0.73)
+
+
+def test_each_stratum_of_a_knob_is_drawn_once_per_round():
+    design = StartupDesign(10, random.Random(0))
+    batch = IntDistribution(1, 128, log=True)
+    draws = [design.draw("max_batch_size", batch) for _ in range(10)]
+    strata = sorted(int(math.log(v) / math.log(128) * 10 - 1e-9) if v > 1 else 0 for v in draws)
+    assert sum(v <= 2 for v in draws) <= 2           # uniform-log draws: ~2 in 10 expected, any
+    assert len(set(strata)) >= 8                     # spread over the range, not clustered
+
+
+def test_start_up_shares_are_in_the_upper_half_and_choices_are_balanced():
+    design = StartupDesign(10, random.Random(1))
+    shares = [design.draw("kv_share", FloatDistribution(0.0, 1.0)) for _ in range(10)]
+    assert min(shares) >= 0.5 and max(shares) <= 1.0
+    assert sorted(int((s - 0.5) * 20) for s in shares) == list(range(10))
+    picks = [design.draw("bs", CategoricalDistribution([16, 256])) for _ in range(10)]
+    assert picks.count(16) == 5
