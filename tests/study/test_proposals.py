@@ -136,18 +136,24 @@ def test_a_choice_no_launched_trial_had_is_tried_as_a_flip_of_the_incumbent():
     assert untried_flips(ran.params, [ran, launched], SPACE) == [{"x": 4, "y": 0.5, "c": 128}]
 
 
-def test_the_memory_filter_does_not_hide_a_choice_that_was_never_launched():
-    """The memory model says c != 16 never fits: the filter keeps every draw at 16, and the
-    local moves try each other choice exactly once, as a flip of the incumbent."""
+def _choices_tried(startup: int, n_trials: int) -> list[int]:
+    """The `c` of every trial of a guided study whose memory model says only c = 16 fits
+    (TPE kept in its start-up, so the draws come from the start-up design)."""
     slack_of = lambda trials: (lambda params: 1.0 if params["c"] == 16 else -1.0)  # noqa: E731
     base = optuna.samplers.TPESampler(seed=0, multivariate=True, n_startup_trials=100)
-    sampler = GuidedSampler(base, slack_of, 4, seed=0)   # TPE in its start-up: design draws
-    study = optuna.create_study(direction="maximize", sampler=sampler)
+    study = optuna.create_study(direction="maximize",
+                                sampler=GuidedSampler(base, slack_of, startup, seed=0))
     study.enqueue_trial({"x": 4, "y": 0.5, "c": 16})
     optuna.logging.set_verbosity(optuna.logging.ERROR)
     study.optimize(lambda t: t.suggest_int("x", 1, 128, log=True) * t.suggest_float("y", 0, 1)
-                   + 0 * t.suggest_categorical("c", [16, 128, 256]), n_trials=16)
-    tried = [t.params["c"] for t in study.trials]
+                   + 0 * t.suggest_categorical("c", [16, 128, 256]), n_trials=n_trials)
+    return [t.params["c"] for t in study.trials]
+
+
+def test_the_memory_filter_does_not_hide_a_choice_that_was_never_launched():
+    """The filter keeps every draw at 16; the local moves try each other choice exactly once,
+    as a flip of the incumbent."""
+    tried = _choices_tried(startup=4, n_trials=16)
     assert tried.count(128) == 1 and tried.count(256) == 1
 
 
@@ -169,13 +175,5 @@ def test_a_pattern_move_repeats_the_step_of_the_last_improvement():
 
 
 def test_a_choice_the_filter_hides_is_flipped_during_the_start_up_too():
-    slack_of = lambda trials: (lambda params: 1.0 if params["c"] == 16 else -1.0)  # noqa: E731
-    base = optuna.samplers.TPESampler(seed=0, multivariate=True, n_startup_trials=100)
-    sampler = GuidedSampler(base, slack_of, 100, seed=0)      # the whole study is start-up
-    study = optuna.create_study(direction="maximize", sampler=sampler)
-    study.enqueue_trial({"x": 4, "y": 0.5, "c": 16})
-    optuna.logging.set_verbosity(optuna.logging.ERROR)
-    study.optimize(lambda t: t.suggest_int("x", 1, 128, log=True) * t.suggest_float("y", 0, 1)
-                   + 0 * t.suggest_categorical("c", [16, 128, 256]), n_trials=12)
-    tried = [t.params["c"] for t in study.trials]
+    tried = _choices_tried(startup=100, n_trials=12)   # the whole study is start-up
     assert tried.count(128) == 1 and tried.count(256) == 1 and tried.index(128) < 8

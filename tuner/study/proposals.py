@@ -138,7 +138,7 @@ class GuidedSampler(BaseSampler):
         base = self._incumbent(trials, directions, search_space, start_up)
         if base is None:
             return None
-        unjudged = self._fresh(trials, _avoiding(dead, lambda params: 0.0))
+        unjudged = self._fresh(trials, _avoiding(dead, _fits_always(trials)))
         for cand in untried_flips(base, trials, search_space):
             if (not start_up or self._hidden(cand, base)) and unjudged(cand):
                 return cand
