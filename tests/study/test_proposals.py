@@ -50,6 +50,19 @@ def test_a_choice_that_never_started_is_dead_after_two_tries():
     assert dead_choices(tries, SPACE) == set()
 
 
+def test_a_failure_two_untried_choices_share_blames_neither():
+    """c=128 failed twice, each time beside x=64, which never started either: either may be the
+    cause.  Once c=128 fails beside a value that did start, it alone is to blame."""
+    space = {"c": SPACE["c"], "x": CategoricalDistribution([1, 64])}
+    tries = [_record({"c": 128, "x": 64}, outcome="startup") for _ in range(2)]
+    tries.append(_record({"c": 16, "x": 1}))
+    assert dead_choices(tries, space) == set()
+    tries.append(_record({"c": 128, "x": 1}, outcome="startup"))
+    assert dead_choices(tries, space) == {("c", 128)}
+    tries.append(_record({"c": 16, "x": 64}))   # x=64 starts: c=128 was the only cause
+    assert dead_choices(tries, space) == {("c", 128)}
+
+
 def _objective(trial):
     x = trial.suggest_int("x", 1, 128, log=True)
     y = trial.suggest_float("y", 0.0, 1.0)

@@ -56,16 +56,23 @@ def _fits_always(trials: Sequence[TrialRecord]) -> Slack:
 def dead_choices(trials: Sequence[TrialRecord],
                  search_space: dict[str, BaseDistribution]) -> set[tuple[str, Any]]:
     """(knob, choice) pairs that failed to start in `DEAD_AFTER` trials and never started: a
-    value the server rejects (the seed's block size 128 did not compile), whatever the rest."""
+    value the server rejects (the seed's block size 128 did not compile), whatever the rest.
+    A choice is not blamed while another never-started choice was in every one of its failures:
+    either could be the cause, and a dead choice is never proposed again."""
+    pairs = [(n, c) for n, d in search_space.items() if isinstance(d, CategoricalDistribution)
+             for c in d.choices]
+    launched = [t for t in trials if t.outcome != "skipped"]
+    never = {(n, c) for n, c in pairs
+             if all(t.outcome == "startup" for t in launched if t.params.get(n) == c)}
     out = set()
-    for name, dist in search_space.items():
-        if not isinstance(dist, CategoricalDistribution):
+    for name, choice in never:
+        failed = [t for t in launched if t.params.get(name) == choice]
+        if len(failed) < DEAD_AFTER:
             continue
-        for choice in dist.choices:
-            seen = [t.outcome for t in trials if t.params.get(name) == choice
-                    and t.outcome != "skipped"]
-            if seen.count("startup") >= DEAD_AFTER and len(seen) == seen.count("startup"):
-                out.add((name, choice))
+        suspects = set.intersection(*({(n, c) for n, c in never if t.params.get(n) == c}
+                                      for t in failed))
+        if suspects == {(name, choice)}:
+            out.add((name, choice))
     return out
 
 
