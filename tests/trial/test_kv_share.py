@@ -154,6 +154,25 @@ def test_an_oom_is_charged_to_the_cell_it_happened_in():
     assert cal.k("big") == 1.0 and cal.k("small") == 5.0
 
 
+def test_an_oom_after_every_cell_finished_is_charged_to_none():
+    """The server died in the capacity search, after both cells ran without error: both cells'
+    forwards held, neither is proven larger than the estimate."""
+    est = Estimate(15 * GIB, 4 * GIB, 2 * GIB, 2 * GIB, "big",
+                   cell_forwards=(("big", 2 * GIB), ("small", GIB)))
+    rows = [{"cell": {"key": k}, "error_class": None} for k in ("big", "small")]
+    t = TrialRecord.of(optuna.trial.create_trial(
+        params={"x": 1}, distributions={"x": IntDistribution(0, 2)}, values=[0.0],
+        user_attrs={"memory_estimate": estimate_attr(est, False), "outcome": "oom",
+                    "cells": rows}))
+    assert calibrate([t], CAP).scale == {"big": (0.0, 1.5), "small": (0.0, 3.0)}
+    rows[1]["error_class"] = "unhealthy"        # died in the second cell: that one is charged
+    t2 = TrialRecord.of(optuna.trial.create_trial(
+        params={"x": 1}, distributions={"x": IntDistribution(0, 2)}, values=[0.0],
+        user_attrs={"memory_estimate": estimate_attr(est, False), "outcome": "oom",
+                    "cells": rows}))
+    assert calibrate([t2], CAP).scale == {"big": (0.0, 1.5), "small": (3.0, math.inf)}
+
+
 def test_slack_is_what_the_smallest_pool_leaves():
     space = _space()
     edge = KvEdge(space, MODEL, CAP, CELLS)

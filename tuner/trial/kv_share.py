@@ -4,13 +4,10 @@ Why: the best configs of a KV-bound workload sit in a narrow band just under the
 and where that limit lies depends on every other knob (a larger prefill budget or batch leaves
 less room for the pool).  A sampler that draws the pool as an absolute size spends most of its
 trials far from the band, or beyond it.  So the sampler draws `kv_share` in [0, 1] instead, and
-the pool is rendered as that share of the way from the knob's lower bound to the *edge*: the
-largest pool whose memory need, as the study currently understands it, fits the card.  The KV
-knob itself is then suggested as a single value, so every record, export and report still sees
-blocks or tokens.
-
-The edge moves as the study learns (the seed's structured walk, 96 -> 80 -> 64 blocks, done by
-the sampler's own proposals):
+the pool is that share of the way from the knob's lower bound to the *edge*: the largest pool
+whose memory need, as the study currently understands it, fits the card.  The KV knob is then
+suggested as a single value: every record, export and report still sees blocks or tokens.
+The edge moves as the study learns (the seed's walk, 96 -> 80 -> 64 blocks, done by proposals):
 
 * runtime overhead: `tuner.prescreen.calibrated_runtime` (measured idle memory), raised to what
   a start-up OOM proves (weights + pool + runtime > card);
@@ -98,12 +95,15 @@ def _cell_evidence(t: TrialRecord, attr: Mapping[str, Any]) -> list[tuple[str, b
     """(cell, failed) for every cell the trial ran, in order: the cells before an OOM and every
     cell of a healthy run held, the OOM's own cell did not.  The mechanism of an OOM is the cell
     it happened in, not the estimate's peak cell (on Llama-3.1-70B / H200 the estimate called the
-    8k prompt the peak, while the runs died in the 2k cell's batched prefill)."""
+    8k prompt the peak, while the runs died in the 2k cell's batched prefill); an OOM after all
+    cells finished without error (the capacity search's heavier load) is charged to none."""
     keys = [row.get("cell", {}).get("key") if isinstance(row.get("cell"), Mapping) else None
             for row in t.cells]
     if not keys or None in keys:          # no cell keys stored: the estimate's peak cell
         return [(attr["peak_cell"], t.outcome == "oom")]
-    return [(str(k), t.outcome == "oom" and i == len(keys) - 1) for i, k in enumerate(keys)]
+    after = all("error_class" in row and not row["error_class"] for row in t.cells)
+    return [(str(k), t.outcome == "oom" and not after and i == len(keys) - 1)
+            for i, k in enumerate(keys)]
 
 
 def calibrate(trials: Sequence[TrialRecord], capacity: int) -> Calibration:
