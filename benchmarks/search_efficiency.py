@@ -74,8 +74,8 @@ from tuner.trial.stages import stress_order  # noqa: E402
 
 OUT = ROOT / "benchmarks" / "out"
 LAUNCH_S = 60.0
-TUNER_ONLY = {"study/proposals.py", "study/local_moves.py", "study/design.py",
-              "study/choices.py", "trial/kv_share.py"}  # run by the tuner method only
+TUNER_ONLY = {"study/proposals.py", "study/local_moves.py", "study/design.py",  # run by the
+              "study/choices.py", "trial/kv_share.py", "trial/kv_calibration.py"}  # tuner only
 
 
 # ----- one scenario's setting --------------------------------------------------------------

@@ -12,7 +12,8 @@ from tuner.search.bounds import resolve_space
 from tuner.search.model import load_model_info
 from tuner.search.space_file import load_space
 from tuner.study.record import TrialRecord
-from tuner.trial.kv_share import Calibration, KvEdge, calibrate, kv_param, runnable
+from tuner.trial.kv_calibration import Calibration, calibrate
+from tuner.trial.kv_share import KvEdge, kv_param, runnable
 from tuner.trial.memory_estimate import Estimate, estimate, knobs_from_params
 from tuner.trial.prescreen import estimate_attr
 
