@@ -75,7 +75,8 @@ from tuner.trial.stages import stress_order  # noqa: E402
 OUT = ROOT / "benchmarks" / "out"
 LAUNCH_S = 60.0
 TUNER_ONLY = {"study/proposals.py", "study/local_moves.py", "study/design.py",  # run by the
-              "study/choices.py", "trial/kv_share.py", "trial/kv_calibration.py"}  # tuner only
+              "study/choices.py", "study/flips.py", "trial/kv_share.py",
+              "trial/kv_calibration.py"}  # tuner only
 
 
 # ----- one scenario's setting --------------------------------------------------------------

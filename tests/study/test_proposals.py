@@ -139,7 +139,7 @@ def test_of_tied_incumbents_the_first_is_the_one_searched_from():
 
 
 def test_a_choice_no_launched_trial_had_is_tried_as_a_flip_of_the_incumbent():
-    from tuner.study.local_moves import untried_flips
+    from tuner.study.flips import untried_flips
 
     ran = _record({"x": 4, "y": 0.5, "c": 16})
     skipped = _record({"x": 4, "y": 0.5, "c": 128}, outcome="skipped")   # never launched

@@ -9,16 +9,6 @@ a time.  A neighbour changes one or two knobs of an incumbent (a Pareto-optimal 
 trial): a categorical takes another choice, a number moves by a random step on its own scale
 (log or linear), at most a quarter of its range, never zero.
 
-Why untried flips: the proposals' memory filter can hide a whole choice.  On Llama-3.1-70B /
-H200 (benchmarks/search_efficiency.py) the calibrated estimate put every CUDA-graph config over
-the card, so no study ever launched one, while the incumbent with graphs switched on ran in 3 of
-6 seeds and was 8% faster.  So a categorical choice that no launched trial has had yet is first
-tried as a one-knob flip of the incumbent, the controlled test of that choice, once: its outcome
-(healthy, or an OOM the calibration learns from) decides from then on.  A choice the filter has
-turned away is flipped as soon as a healthy config exists, in the start-up too: on Llama-3.2-1B
-/ RTX 3090 the best configs need CUDA graphs, and 10 trials reached 0.72 of the best without
-that, 1.00 with it.
-
 Why pattern moves: where throughput keeps rising along a direction (batch caps up to the
 workload's concurrency on Qwen2.5-7B / L40S), random one-or-two-knob steps of at most a quarter
 of a range climb slowly: seeds ended 30 trials at 0.73-0.82 of the best with the caps at half
@@ -75,20 +65,6 @@ def inert_knobs(trials: Sequence[TrialRecord], names: Sequence[str]) -> set[str]
                        for x, y in zip(a.values or (), b.values or ()))
             if len(diff) == 1 and diff[0] in names and same:
                 out.add(diff[0])
-    return out
-
-
-def untried_flips(params: Mapping[str, Any], trials: Sequence[TrialRecord],
-                  space: Mapping[str, BaseDistribution]) -> list[dict[str, Any]]:
-    """`params` with one categorical knob set to a choice no launched trial has had."""
-    launched = [t.params for t in trials if not t.unmeasured]
-    out = []
-    for name, dist in space.items():
-        if not isinstance(dist, CategoricalDistribution) or name not in params:
-            continue
-        for choice in dist.choices:
-            if choice != params[name] and all(p.get(name) != choice for p in launched):
-                out.append({**params, name: choice})
     return out
 
 

@@ -14,8 +14,9 @@ ranks, it never forbids: the estimate can be wrong, and the outcome of a config 
 corrects the calibration.  The KV pool itself is still drawn as a share of the headroom the
 chosen knobs leave.  Enqueued configs are never changed.
 
-Why the neighbours: see `tuner.study.local_moves`.  TPE finds the region, the local moves
-finish the walk; alternating keeps TPE's global view alive for a second region.
+Why the neighbours: see `tuner.study.flips` (one categorical changed, at the incumbent's pool)
+and `tuner.study.local_moves`.  TPE finds the region, the local moves finish the walk;
+alternating keeps TPE's global view alive for a second region.
 """
 
 from __future__ import annotations
@@ -29,16 +30,12 @@ from typing import Any
 import optuna
 from optuna.distributions import BaseDistribution, CategoricalDistribution
 from optuna.samplers import BaseSampler, RandomSampler
+from optuna.study import StudyDirection
 from optuna.trial import FrozenTrial, TrialState
 
 from tuner.study import design
-from tuner.study.local_moves import (
-    incumbents,
-    inert_knobs,
-    neighbour,
-    pattern_move,
-    untried_flips,
-)
+from tuner.study.flips import at_pool, controlled_flips, untried_flips
+from tuner.study.local_moves import incumbents, inert_knobs, neighbour, pattern_move
 from tuner.study.record import KV_SHARE, TrialRecord, config_key, records
 from tuner.trial.kv_share import KvEdge
 
@@ -46,6 +43,7 @@ TRIES = 16      # candidates drawn per proposal at most (one TPE draw costs ~10 
 DEAD_AFTER = 2  # start-up failures, with no start, that mark a categorical choice dead
 
 Slack = Callable[[dict[str, Any]], float]
+Local = tuple[dict[str, Any], int | None]   # a local move's params, and the pool it is pinned to
 SlackOf = Callable[[Sequence[TrialRecord]], Slack]
 
 
@@ -119,7 +117,10 @@ class GuidedSampler(BaseSampler):
             local = self._local(trials, study.directions, search_space, slack, dead,
                                 start_up=len(trials) < self._startup)
             if local is not None:
-                return local
+                params, pool = local
+                if pool is not None and self._edge is not None:
+                    self._edge.pinned[trial.number] = pool
+                return params
         best: dict[str, Any] = {}
         best_slack = -math.inf
         rejected = []
@@ -137,41 +138,54 @@ class GuidedSampler(BaseSampler):
 
     def _local(self, trials: Sequence[TrialRecord], directions: Sequence[Any],
                search_space: dict[str, BaseDistribution], slack: Slack,
-               dead: set[tuple[str, Any]], start_up: bool) -> dict[str, Any] | None:
-        """A neighbour of an incumbent that was not run yet: first a choice never launched
-        (`untried_flips`, whatever the memory model says; during the start-up only one the
-        memory filter has turned away), then the pattern move, else a random neighbour that
+               dead: set[tuple[str, Any]], start_up: bool) -> Local | None:
+        """A neighbour of an incumbent that was not run yet, and the pool to pin it to (flips
+        only): first a choice never launched (`untried_flips`, whatever the memory model says;
+        during the start-up only one the memory filter has turned away), then a choice never
+        compared (`controlled_flips`), then the pattern move, else a random neighbour that
         fits; None if none was found."""
-        base = self._incumbent(trials, directions, search_space, start_up)
-        if base is None:
+        top = self._incumbent(trials, directions, search_space, start_up)
+        if top is None:
             return None
-        unjudged = self._fresh(trials, _avoiding(dead, _fits_always(trials)))
+        base = {k: top.params[k] for k in search_space}
+        seen = {config_key(t.params) for t in trials}
+        kv_name = self._edge.param.name if self._edge is not None else None
+
+        def probe(cand: dict[str, Any], fits: Slack) -> Local | None:
+            params, pool = at_pool(cand, top, self._edge, trials)
+            ran = {k: v for k, v in params.items() if k != KV_SHARE}
+            key = config_key(ran if pool is None or kv_name is None else {**ran, kv_name: pool})
+            return (params, pool) if key not in seen and fits(params) >= 0 else None
+        permissive = _avoiding(dead, _fits_always(trials))
         for cand in untried_flips(base, trials, search_space):
-            if (not start_up or self._hidden(cand, base)) and unjudged(cand):
-                return cand
+            if not start_up or self._hidden(cand, base):
+                if (found := probe(cand, permissive)) is not None:
+                    return found
         if start_up:
             return None
+        sign = 1.0 if directions[0] == StudyDirection.MAXIMIZE else -1.0
+        for cand in controlled_flips(base, trials, search_space, kv_name, sign):
+            if (found := probe(cand, slack)) is not None:
+                return found
         fresh = self._fresh(trials, slack)
         pattern = pattern_move(trials, directions, search_space)
         inert = inert_knobs(trials, list(search_space))
         cands = itertools.chain([] if pattern is None else [pattern],
                                 (neighbour(base, search_space, self._rng, inert)
                                  for _ in range(TRIES)))
-        return next((c for c in cands if fresh(c)), None)
+        return next(((c, None) for c in cands if fresh(c)), None)
 
     def _incumbent(self, trials: Sequence[TrialRecord], directions: Sequence[Any],
                    search_space: dict[str, BaseDistribution],
-                   start_up: bool) -> dict[str, Any] | None:
-        """The params of an incumbent to move from (the first during the start-up, else one
-        at random); None without one."""
+                   start_up: bool) -> TrialRecord | None:
+        """An incumbent to move from (the first during the start-up, else one at random);
+        None without one."""
         tops = incumbents(trials, directions)
         if not tops:
             return None
         tops = _distinct(tops)
         top = tops[0] if start_up else self._rng.choice(tops)
-        if not search_space.keys() <= top.params.keys():
-            return None
-        return {k: top.params[k] for k in search_space}
+        return top if search_space.keys() <= top.params.keys() else None
 
     def _hidden(self, cand: dict[str, Any], base: dict[str, Any]) -> bool:
         """Whether the choice `cand` flips in `base` is one the memory filter turned away."""

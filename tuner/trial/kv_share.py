@@ -28,7 +28,7 @@ The edge moves as the study learns (the seed's walk, 96 -> 80 -> 64 blocks, done
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import optuna
@@ -63,6 +63,7 @@ class KvEdge:
     model: ModelInfo
     capacity: int
     cells: tuple[Cell, ...]
+    pinned: dict[int, int] = field(default_factory=dict, compare=False)  # trial -> its pool
 
     @property
     def param(self) -> Param:
@@ -83,11 +84,13 @@ class KvEdge:
         forwards = est.cell_forwards or ((est.peak_cell, est.forward),)
         return est.static + est.runtime + max(cal.k(c, knobs.cuda_graph) * f for c, f in forwards)
 
-    def edge(self, params: dict[str, Any], trials: Sequence[TrialRecord]) -> int:
+    def edge(self, params: dict[str, Any], trials: Sequence[TrialRecord],
+             optimistic: bool = False) -> int:
         """The largest KV value (on the knob's step) whose calibrated need fits the card,
-        corrected by the outcomes of these very knobs (`bracket`)."""
+        corrected by the outcomes of these very knobs (`bracket`); `optimistic`: the largest
+        the outcomes have not ruled out (`Calibration.optimistic`)."""
         low, high, step = self._grid()
-        cal = calibrate(trials, self.capacity)
+        cal = replace(calibrate(trials, self.capacity), optimistic=optimistic)
         graph = knobs_from_params(self.space, params).cuda_graph
         runtime = calibrated_runtime(trials, graph)
 
@@ -168,6 +171,8 @@ class KvEdge:
         fixed = kv_value(trial)
         if fixed is None:  # a re-queued trial carries its pool as an enqueued (fixed) param
             fixed = getattr(trial, "_fixed_params", {}).get(name)
+        if fixed is None:  # a probe's pool, set by the proposals (`tuner.study.flips`)
+            fixed = self.pinned.pop(trial.number, None)
         value = int(fixed) if fixed is not None else self.value(params, share, trials)
         params[name] = trial.suggest_int(name, value, value, log=_stored_log(trial.study, name))
         return params

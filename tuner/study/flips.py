@@ -1,0 +1,91 @@
+"""Flips: the incumbent with one categorical knob changed, run as a controlled test at its pool.
+
+Why untried flips: the proposals' memory filter can hide a whole choice.  On Llama-3.1-70B /
+H200 (benchmarks/search_efficiency.py) the calibrated estimate put every CUDA-graph config over
+the card, so no study ever launched one, while the incumbent with graphs switched on ran in 3 of
+6 seeds and was 8% faster.  So a categorical choice that no launched trial has had yet is first
+tried as a one-knob flip of the incumbent, whatever the memory model says.  A choice the filter
+has turned away is flipped as soon as a healthy config exists, in the start-up too: on
+Llama-3.2-1B / RTX 3090 the best configs need CUDA graphs, and 10 trials reached 0.72 of the
+best without that, 1.00 with it.
+
+Why controlled flips: a choice that was launched is not yet a choice that was compared.  The
+categoricals of these spaces interact (a long-context guard of 1024 tokens costs a third of the
+throughput with one prefill budget and little with another), and TPE judges a choice by the
+trials that happened to carry it.  On the 8B / RTX 4090 scenario seeds ended 40 trials with
+graphs off or a 1024-token guard in the incumbent, 12-31% under the best, although both choices
+had been launched.  So every choice is tested once against another as a pair of healthy runs
+that differ in that knob alone, the most promising choice first.
+
+Why at the incumbent's pool: the share of the headroom renders a smaller pool for a config the
+model thinks needs more memory.  A flip to CUDA graphs drawn at the incumbent's share ran at
+two thirds of its pool on the 8B / RTX 4090 scenario (a galloping forward scale after one graph
+OOM) and measured the smaller pool, not the graphs.  A flip keeps the incumbent's pool unless
+the outcomes so far rule that pool out (`KvEdge.edge(..., optimistic=True)`); an OOM there is a
+bound the calibration keeps.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from optuna.distributions import BaseDistribution, CategoricalDistribution
+
+from tuner.study.record import KV_SHARE, TrialRecord, config_key
+from tuner.trial.kv_share import KvEdge
+
+
+def untried_flips(params: Mapping[str, Any], trials: Sequence[TrialRecord],
+                  space: Mapping[str, BaseDistribution]) -> list[dict[str, Any]]:
+    """`params` with one categorical knob set to a choice no launched trial has had."""
+    launched = [t.params for t in trials if not t.unmeasured]
+    out = []
+    for name, dist in space.items():
+        if not isinstance(dist, CategoricalDistribution) or name not in params:
+            continue
+        for choice in dist.choices:
+            if choice != params[name] and all(p.get(name) != choice for p in launched):
+                out.append({**params, name: choice})
+    return out
+
+
+def controlled_flips(params: Mapping[str, Any], trials: Sequence[TrialRecord],
+                     space: Mapping[str, BaseDistribution], kv_name: str | None,
+                     sign: float) -> list[dict[str, Any]]:
+    """`params` with one categorical knob set to a choice that no two healthy runs have
+    compared alone (the same other knobs, the KV pool aside), the most promising first: by the
+    best value (times `sign`: larger is better) a feasible trial with that choice reached."""
+    cats = {n: d.choices for n, d in space.items()
+            if isinstance(d, CategoricalDistribution) and n in params}
+    seen: dict[tuple[str, str], set[Any]] = {}
+    score: dict[tuple[str, Any], float] = {}
+    for t in trials:
+        if t.unmeasured or t.outcome not in ("ok", "slo"):
+            continue
+        for name in (n for n in cats if n in t.params):
+            rest = {k: v for k, v in t.params.items() if k not in (name, kv_name)}
+            seen.setdefault((name, config_key(rest)), set()).add(t.params[name])
+            if t.feasible and t.values:
+                key = (name, t.params[name])
+                score[key] = max(score.get(key, -math.inf), sign * t.values[0])
+    compared = {(n, c) for (n, _), cs in seen.items() if len(cs) > 1 for c in cs}
+    out = []
+    for name, choices in cats.items():
+        for choice in choices:
+            if choice != params[name] and (name, choice) not in compared:
+                out.append((score.get((name, choice), -math.inf), {**params, name: choice}))
+    out.sort(key=lambda sc: -sc[0])
+    return [c for _, c in out]
+
+
+def at_pool(cand: dict[str, Any], top: TrialRecord, edge: KvEdge | None,
+            trials: Sequence[TrialRecord]) -> tuple[dict[str, Any], int | None]:
+    """A flip of the incumbent `top` with its share set to run at `top`'s pool where the
+    outcomes allow (see module doc), and that pool; (cand, None) without a KV edge."""
+    if edge is None or KV_SHARE not in cand or edge.param.name not in top.params:
+        return cand, None
+    rest = {k: v for k, v in cand.items() if k != KV_SHARE}
+    pool = min(int(top.params[edge.param.name]), edge.edge(rest, trials, optimistic=True))
+    return {**cand, KV_SHARE: edge.share_of(rest, pool, trials)}, pool
