@@ -74,6 +74,7 @@ from tuner.trial.stages import stress_order  # noqa: E402
 
 OUT = ROOT / "benchmarks" / "out"
 LAUNCH_S = 60.0
+CHUNKS = 64       # ground-truth work items: enough to keep a many-core machine busy to the end
 TUNER_ONLY = {"study/proposals.py", "study/local_moves.py", "study/design.py",  # run by the
               "study/choices.py", "study/flips.py", "trial/kv_share.py",
               "trial/kv_calibration.py"}  # tuner only
@@ -146,7 +147,7 @@ def ground_truth(sc: Scenario, pool: Any) -> list[dict[str, Any]]:
     if path.is_file():
         return pickle.loads(path.read_bytes())
     configs = [dict(zip(BASE_GRID, v)) for v in itertools.product(*BASE_GRID.values())]
-    chunks = [(sc.name, configs[i::16]) for i in range(16)]
+    chunks = [(sc.name, configs[i::CHUNKS]) for i in range(CHUNKS)]
     rows = [r for part in pool.map(_truth_chunk, chunks) for r in part]
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_bytes(pickle.dumps(rows))

@@ -3,8 +3,8 @@
 import optuna
 from optuna.distributions import CategoricalDistribution, IntDistribution
 
-from tests.study.test_proposals import SPACE, _record
-from tuner.study.flips import controlled_flips
+from tests.study.test_proposals import DISTS, SPACE, _record
+from tuner.study.flips import companions, controlled_flips, ran_out
 from tuner.study.record import TrialRecord
 from tuner.trial.kv_calibration import Calibration
 
@@ -22,6 +22,45 @@ def test_a_choice_is_flipped_until_two_healthy_runs_compared_it_alone():
     # a pair whose flip ran out of memory compared nothing: 128 stays to be compared
     ran.append(_record({**base, "c": 128, "kv": 10}, outcome="oom"))
     assert controlled_flips(base, ran, SPACE, "kv", 1.0) == [{**base, "c": 128}]
+
+
+GRAPHS = {**SPACE, "g": CategoricalDistribution([False, True])}
+
+
+def _rec(params, outcome="ok", value=1.0):
+    """A finished trial of the space with a two-way knob `g` beside `c`."""
+    dists = {**DISTS, **GRAPHS}
+    return TrialRecord.of(optuna.trial.create_trial(
+        params=params, distributions={k: dists[k] for k in params}, values=[value],
+        user_attrs={"outcome": outcome}))
+
+
+def test_every_knob_is_flipped_once_before_any_knob_again_two_way_knobs_first():
+    space = GRAPHS
+    base = {"x": 8, "y": 0.5, "c": 16, "g": False}
+    ran = [_rec({**base, "kv": 10}), _rec({"x": 3, "y": 0.1, "c": 256, "g": True, "kv": 5},
+                                                value=3.0)]
+    # the two-way knob first, although c = 256 reached the better value
+    assert controlled_flips(base, ran, space, "kv", 1.0) == [
+        {**base, "g": True}, {**base, "c": 256}, {**base, "c": 128}]
+    ran.append(_rec({**base, "c": 128, "kv": 10}, value=0.5))   # c compared (16 vs 128)
+    ran.append(_rec({**base, "g": True, "kv": 10}, outcome="oom"))   # g not compared
+    # g before c's other choice: c has been compared once, g never
+    assert controlled_flips(base, ran, space, "kv", 1.0) == [{**base, "g": True},
+                                                              {**base, "c": 256}]
+
+
+def test_a_flip_that_ran_out_of_memory_is_paired_with_another_choice_roomiest_first():
+    space = GRAPHS
+    base = {"x": 8, "y": 0.5, "c": 16, "g": False}
+    flip = {**base, "g": True}
+    ran = [_rec({**base, "kv": 10}), _rec({**flip, "kv": 10}, outcome="slo")]
+    assert not ran_out(flip, ran, "kv")
+    ran.append(_rec({**flip, "kv": 7}, outcome="oom"))   # at another pool: still the flip
+    assert ran_out(flip, ran, "kv") and not ran_out(base, ran, "kv")
+    # the model gives larger blocks more room (it ranks; a pair it says cannot fit is kept)
+    slack = lambda params: params["c"] - 200.0  # noqa: E731
+    assert companions(flip, base, space, slack) == [{**flip, "c": 256}, {**flip, "c": 128}]
 
 
 def test_the_optimistic_scale_is_the_ooms_bound_not_a_bisection_step_above_it():

@@ -34,7 +34,7 @@ from optuna.study import StudyDirection
 from optuna.trial import FrozenTrial, TrialState
 
 from tuner.study import design
-from tuner.study.flips import at_pool, controlled_flips, untried_flips
+from tuner.study.flips import at_pool, companions, controlled_flips, ran_out, untried_flips
 from tuner.study.local_moves import incumbents, inert_knobs, neighbour, pattern_move
 from tuner.study.record import KV_SHARE, TrialRecord, config_key, records
 from tuner.trial.kv_share import KvEdge
@@ -142,8 +142,9 @@ class GuidedSampler(BaseSampler):
         """A neighbour of an incumbent that was not run yet, and the pool to pin it to (flips
         only): first a choice never launched (`untried_flips`, whatever the memory model says;
         during the start-up only one the memory filter has turned away), then a choice never
-        compared (`controlled_flips`), then the pattern move, else a random neighbour that
-        fits; None if none was found."""
+        compared (`controlled_flips`; one that ran out of memory, paired with another change:
+        `companions`), then the pattern move, else a random neighbour that fits; None if none
+        was found."""
         top = self._incumbent(trials, directions, search_space, start_up)
         if top is None:
             return None
@@ -167,6 +168,10 @@ class GuidedSampler(BaseSampler):
         for cand in controlled_flips(base, trials, search_space, kv_name, sign):
             if (found := probe(cand, slack)) is not None:
                 return found
+            if ran_out(cand, trials, kv_name):
+                for pair in companions(cand, base, search_space, slack):
+                    if (found := probe(pair, permissive)) is not None:
+                        return found
         fresh = self._fresh(trials, slack)
         pattern = pattern_move(trials, directions, search_space)
         inert = inert_knobs(trials, list(search_space))
