@@ -149,14 +149,12 @@ class GuidedSampler(BaseSampler):
         if top is None:
             return None
         base = {k: top.params[k] for k in search_space}
-        seen = {config_key(t.params) for t in trials}
         kv_name = self._edge.param.name if self._edge is not None else None
+        fresh = self._fresh(trials)
 
         def probe(cand: dict[str, Any], fits: Slack) -> Local | None:
             params, pool = at_pool(cand, top, self._edge, trials)
-            ran = {k: v for k, v in params.items() if k != KV_SHARE}
-            key = config_key(ran if pool is None or kv_name is None else {**ran, kv_name: pool})
-            return (params, pool) if key not in seen and fits(params) >= 0 else None
+            return (params, pool) if fresh(params, fits, pool) else None
         permissive = _avoiding(dead, _fits_always(trials))
         for cand in untried_flips(base, trials, search_space):
             if not start_up or self._hidden(cand, base):
@@ -172,13 +170,12 @@ class GuidedSampler(BaseSampler):
                 for pair in companions(cand, base, search_space, slack):
                     if (found := probe(pair, permissive)) is not None:
                         return found
-        fresh = self._fresh(trials, slack)
         pattern = pattern_move(trials, directions, search_space)
         inert = inert_knobs(trials, list(search_space))
         cands = itertools.chain([] if pattern is None else [pattern],
                                 (neighbour(base, search_space, self._rng, inert)
                                  for _ in range(TRIES)))
-        return next(((c, None) for c in cands if fresh(c)), None)
+        return next(((c, None) for c in cands if fresh(c, slack)), None)
 
     def _incumbent(self, trials: Sequence[TrialRecord], directions: Sequence[Any],
                    search_space: dict[str, BaseDistribution],
@@ -197,19 +194,20 @@ class GuidedSampler(BaseSampler):
         return any(p.get(k) == v for k, v in cand.items() if base[k] != v
                    for p in self.turned_away)
 
-    def _fresh(self, trials: Sequence[TrialRecord],
-               slack: Slack) -> Callable[[dict[str, Any]], bool]:
-        """Whether a candidate fits by the memory model and renders to a config not run yet
-        (the KV share rendered to its pool: two shares can be one pool, or two pools)."""
+    def _fresh(self, trials: Sequence[TrialRecord]) -> Callable[..., bool]:
+        """`fresh(cand, fits, pool=None)`: whether a candidate fits by `fits` and renders to a
+        config not run yet (its KV share rendered to its pool, two shares can be one pool or
+        two pools; a flip's pool is pinned instead: `pool`)."""
         seen = {config_key(t.params) for t in trials}
         edge = self._edge
 
-        def fresh(cand: dict[str, Any]) -> bool:
+        def fresh(cand: dict[str, Any], fits: Slack, pool: int | None = None) -> bool:
             full = cand
             if edge is not None and KV_SHARE in cand:
                 rest = {k: v for k, v in cand.items() if k != KV_SHARE}
-                full = {**rest, edge.param.name: edge.value(rest, cand[KV_SHARE], trials)}
-            return config_key(full) not in seen and slack(cand) >= 0
+                full = {**rest, edge.param.name: pool if pool is not None
+                        else edge.value(rest, cand[KV_SHARE], trials)}
+            return config_key(full) not in seen and fits(cand) >= 0
         return fresh
 
     def _draw(self, study: optuna.Study, trial: FrozenTrial,
