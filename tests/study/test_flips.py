@@ -10,18 +10,18 @@ from tuner.trial.kv_calibration import Calibration
 
 
 def test_a_choice_is_flipped_until_two_healthy_runs_compared_it_alone():
-    base = {"x": 8, "y": 0.5, "c": 16}
+    base = {"x": 8, "y": 0.5, "c": 128}
     ran = [_record({**base, "kv": 10}), _record({"x": 3, "y": 0.1, "c": 256, "kv": 5}, value=3.0),
-           _record({"x": 2, "y": 0.2, "c": 128, "kv": 5}, value=2.0)]
-    # both other choices are still uncompared; the one a better trial had comes first
-    assert controlled_flips(base, ran, SPACE, "kv", 1.0) == [{**base, "c": 256}, {**base, "c": 128}]
-    assert controlled_flips(base, ran, SPACE, "kv", -1.0)[0] == {**base, "c": 128}  # minimize
+           _record({"x": 2, "y": 0.2, "c": 16, "kv": 5}, value=2.0)]
+    # both other choices are uncompared and one step away; the one a better trial had first
+    assert controlled_flips(base, ran, SPACE, "kv", 1.0) == [{**base, "c": 256}, {**base, "c": 16}]
+    assert controlled_flips(base, ran, SPACE, "kv", -1.0)[0] == {**base, "c": 16}  # minimize
     # 256 compared alone (another pool does not matter): no longer flipped, wherever the base is
     ran.append(_record({**base, "c": 256, "kv": 7}, value=0.5))
-    assert controlled_flips(base, ran, SPACE, "kv", 1.0) == [{**base, "c": 128}]
-    # a pair whose flip ran out of memory compared nothing: 128 stays to be compared
-    ran.append(_record({**base, "c": 128, "kv": 10}, outcome="oom"))
-    assert controlled_flips(base, ran, SPACE, "kv", 1.0) == [{**base, "c": 128}]
+    assert controlled_flips(base, ran, SPACE, "kv", 1.0) == [{**base, "c": 16}]
+    # a pair whose flip ran out of memory compared nothing: 16 stays to be compared
+    ran.append(_record({**base, "c": 16, "kv": 10}, outcome="oom"))
+    assert controlled_flips(base, ran, SPACE, "kv", 1.0) == [{**base, "c": 16}]
 
 
 GRAPHS = {**SPACE, "g": CategoricalDistribution([False, True])}
@@ -36,11 +36,12 @@ def _rec(params, outcome="ok", value=1.0):
 
 
 def test_every_knob_is_flipped_once_before_any_knob_again_two_way_knobs_first():
+    """Breadth first over knobs; within a knob, the choice farthest along its order first."""
     space = GRAPHS
     base = {"x": 8, "y": 0.5, "c": 16, "g": False}
-    ran = [_rec({**base, "kv": 10}), _rec({"x": 3, "y": 0.1, "c": 256, "g": True, "kv": 5},
+    ran = [_rec({**base, "kv": 10}), _rec({"x": 3, "y": 0.1, "c": 128, "g": True, "kv": 5},
                                                 value=3.0)]
-    # the two-way knob first, although c = 256 reached the better value
+    # the two-way knob first; of c's choices the farthest first, although 128 did better
     assert controlled_flips(base, ran, space, "kv", 1.0) == [
         {**base, "g": True}, {**base, "c": 256}, {**base, "c": 128}]
     ran.append(_rec({**base, "c": 128, "kv": 10}, value=0.5))   # c compared (16 vs 128)

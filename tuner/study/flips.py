@@ -24,6 +24,11 @@ knob is flipped again, two-way knobs first.  Measured against depth first (40 se
 scenario, mean best/reference at 20 / 30 / 40 measured trials): 8B / RTX 4090 .888 / .931 / .942
 -> .900 / .928 / .949, Mistral-7B / A100 .692 / .860 / .935 -> .707 / .890 / .942, Qwen2.5-7B /
 L40S .809 / .897 / .945 -> .797 / .890 / .946: small, within the seeds' spread on Qwen.
+Within a knob whose choices are ordered numbers (block sizes, guard lengths), the choice
+farthest from the incumbent's comes first: the largest change is the one a single run tells
+most about.  Mistral-7B's best configs all have the last of four guard lengths; farthest first
+took its mean at 20 / 30 / 40 trials (30 seeds) from .693 / .895 / .950 to .783 / .917 / .958,
+8B and Qwen moved by under 0.015 either way, 70B and 1B not at all.
 
 Why companions: a flip can run out of memory where the same flip with another categorical
 changed would run.  On Llama-3.1-70B / H200 graphs with 32-token blocks ran out of memory,
@@ -77,8 +82,8 @@ def controlled_flips(params: Mapping[str, Any], trials: Sequence[TrialRecord],
     compared alone (the same other knobs, the KV pool aside).  Knob by knob, breadth first:
     a knob none of whose choices was compared comes before another choice of a knob that
     was, and the knob with fewer choices first (one flip settles a two-way knob); within a
-    knob, the most promising choice first: by the best value (times `sign`: larger is better)
-    a feasible trial with that choice reached."""
+    knob, the choice farthest along its order first (numbers only), then the most promising:
+    by the best value (times `sign`: larger is better) a feasible trial with it reached."""
     cats = {n: d.choices for n, d in space.items()
             if isinstance(d, CategoricalDistribution) and n in params}
     seen: dict[tuple[str, str], set[Any]] = {}
@@ -98,10 +103,17 @@ def controlled_flips(params: Mapping[str, Any], trials: Sequence[TrialRecord],
     for name, choices in cats.items():
         for choice in choices:
             if choice != params[name] and (name, choice) not in compared:
-                rank = (name in settled, len(choices), -score.get((name, choice), -math.inf))
+                rank = (name in settled, len(choices), -_distance(choices, params[name], choice),
+                        -score.get((name, choice), -math.inf))
                 out.append((rank, {**params, name: choice}))
     out.sort(key=lambda rc: rc[0])
     return [c for _, c in out]
+
+
+def _distance(choices: Sequence[Any], a: Any, b: Any) -> int:
+    """How many steps apart two choices of an ordered (numeric) knob are; 0 for other knobs."""
+    ordered = all(isinstance(c, (int, float)) and not isinstance(c, bool) for c in choices)
+    return abs(choices.index(a) - choices.index(b)) if ordered and a in choices else 0
 
 
 def ran_out(cand: Mapping[str, Any], trials: Sequence[TrialRecord], kv_name: str | None) -> bool:
