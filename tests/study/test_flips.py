@@ -109,3 +109,19 @@ def test_a_flip_runs_at_the_incumbents_pool_where_the_model_allows():
     edge.pinned[trial.number] = pinned
     assert edge.suggest(trial, dict(flip), [])["kv_cache_tokens"] == pinned
     assert not edge.pinned                 # used once: a later trial of that number renders
+
+
+def test_the_local_move_after_a_flip_ran_out_of_memory_is_that_flip_with_a_companion():
+    from optuna.study import StudyDirection
+
+    from tuner.study.proposals import GuidedSampler
+
+    base = {"x": 8, "y": 0.5, "c": 16, "g": False}
+    ran = [_rec(base, value=2.0), _rec({**base, "g": True}, outcome="oom"),
+           _rec({"x": 2, "y": 0.1, "c": 128, "g": False}, value=1.0),
+           _rec({"x": 3, "y": 0.2, "c": 256, "g": False}, value=1.0)]
+    sampler = GuidedSampler(optuna.samplers.RandomSampler(seed=0), None, startup=0, seed=0)
+    fits = lambda params: 0.0  # noqa: E731
+    params, pool = sampler._local(ran, [StudyDirection.MAXIMIZE], GRAPHS, fits, set(),
+                                  start_up=False)
+    assert params == {**base, "g": True, "c": 128} and pool is None
