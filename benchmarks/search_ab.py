@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import pickle
 import statistics
 import subprocess
 import sys
@@ -47,7 +48,6 @@ def worker(seeds: int, procs: int, scenarios: list[str]) -> None:
     for sc in scenarios:
         path = se.OUT / "truth" / f"{sc}-{se.fingerprint(se.by_name(sc))}.pkl"
         if path.is_file():
-            import pickle
             truths[sc] = max(r["throughput"] for r in pickle.loads(path.read_bytes()))
     print(json.dumps({"runs": out, "truths": truths}))
 

@@ -28,7 +28,7 @@ Within a knob whose choices are ordered numbers (block sizes, guard lengths), th
 farthest from the incumbent's comes first: the largest change is the one a single run tells
 most about.  Mistral-7B's best configs all have the last of four guard lengths; farthest first
 took its mean at 20 / 30 / 40 trials (30 seeds) from .693 / .895 / .950 to .783 / .917 / .958,
-8B and Qwen moved by under 0.015 either way, 70B and 1B not at all.
+8B and Qwen moved by under 0.015 either way, 70B's mean not at all (three digits).
 
 Why companions: a flip can run out of memory where the same flip with another categorical
 changed would run.  On Llama-3.1-70B / H200 graphs with 32-token blocks ran out of memory,
@@ -58,7 +58,7 @@ from typing import Any
 from optuna.distributions import BaseDistribution, CategoricalDistribution
 
 from tuner.study.record import KV_SHARE, TrialRecord, config_key
-from tuner.trial.kv_share import KvEdge
+from tuner.trial.kv_share import KvEdge, others_key
 
 
 def untried_flips(params: Mapping[str, Any], trials: Sequence[TrialRecord],
@@ -118,10 +118,8 @@ def _distance(choices: Sequence[Any], a: Any, b: Any) -> int:
 
 def ran_out(cand: Mapping[str, Any], trials: Sequence[TrialRecord], kv_name: str | None) -> bool:
     """Whether `cand` was launched (at any KV pool) and ran out of memory."""
-    def others(params: Mapping[str, Any]) -> str:
-        return config_key({k: v for k, v in params.items() if k not in (KV_SHARE, kv_name)})
-    key = others(cand)
-    return any(t.outcome == "oom" and others(t.params) == key for t in trials)
+    key = others_key(cand, kv_name)
+    return any(t.outcome == "oom" and others_key(t.params, kv_name) == key for t in trials)
 
 
 def companions(cand: Mapping[str, Any], base: Mapping[str, Any],

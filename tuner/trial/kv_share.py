@@ -113,12 +113,12 @@ class KvEdge:
         """(largest pool seen to fit, smallest seen to run out of memory) among the trials that
         ran exactly these other knobs: the real edge lies between, whatever the model says."""
         name = self.param.name
-        key = _others_key(params, name)
+        key = others_key(params, name)
         held: int | None = None
         failed: int | None = None
         for t in trials:
             value = t.params.get(name)
-            if t.unmeasured or value is None or _others_key(t.params, name) != key:
+            if t.unmeasured or value is None or others_key(t.params, name) != key:
                 continue
             if t.outcome in HEALTHY:
                 held = max(held or 0, int(value))
@@ -178,7 +178,7 @@ class KvEdge:
         return params
 
 
-def _others_key(params: Mapping[str, Any], kv_name: str) -> str:
+def others_key(params: Mapping[str, Any], kv_name: str | None) -> str:
     """A config's identity without its KV pool (and the share the pool was drawn from)."""
     return config_key({k: v for k, v in params.items() if k != kv_name})
 
