@@ -136,3 +136,34 @@ def test_a_worker_that_loses_the_sqlite_schema_race_opens_the_study_on_retry(tmp
     assert len(calls) == 2 and opened.get_all_studies() == []
     with pytest.raises(UsageError, match="unable to open database file"):
         storage_mod.open_storage(f"sqlite:///{tmp_path / 'no' / 'such' / 's.db'}")
+
+
+def _claim_queued(url: str, go, out, n: int) -> None:
+    from tuner.study.storage import open_storage
+    study = optuna.load_study(study_name="s", storage=open_storage(url))
+    go.wait()
+    out.put([study._pop_waiting_trial_id() for _ in range(n)])
+
+
+def test_workers_claiming_queued_trials_at_once_never_get_the_same_one(tmp_path):
+    """Four processes pop a SQLite study's queue at once.  Before BEGIN IMMEDIATE, a run like
+    this handed 4-8 of 40 queued trials to two workers each; each trial must go to one."""
+    import multiprocessing
+
+    from tuner.study.storage import open_storage
+    url = f"sqlite:///{tmp_path / 's.db'}"
+    study = optuna.create_study(study_name="s", storage=open_storage(url))
+    for x in range(40):
+        study.enqueue_trial({"x": x})
+    ctx = multiprocessing.get_context("spawn")
+    go, out = ctx.Event(), ctx.Queue()
+    procs = [ctx.Process(target=_claim_queued, args=(url, go, out, 10)) for _ in range(4)]
+    for p in procs:
+        p.start()
+    go.set()
+    claims = [i for _ in procs for i in out.get(timeout=60) if i is not None]
+    for p in procs:
+        p.join(timeout=30)
+    assert len(claims) == 40 and len(set(claims)) == 40
+    running = study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
+    assert len(running) == 40

@@ -13,8 +13,10 @@ import argparse
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import optuna
+import sqlalchemy
 import sqlalchemy.exc
 from optuna.storages._cached_storage import _CachedStorage  # what optuna wraps an RDB URL in
 from optuna.storages.journal import JournalFileBackend, JournalStorage
@@ -115,6 +117,8 @@ def open_storage(url: str, attempts: int = 5) -> optuna.storages.BaseStorage:
                 url, engine_kwargs=kwargs, heartbeat_interval=10, grace_period=30,
                 heartbeat_stale_trial_callback=optuna.storages.RetryHeartbeatStaleTrialCallback(
                     max_retry=3))
+            if url.startswith("sqlite"):
+                _lock_on_begin(rdb.engine)
             return RetryingStorage(_CachedStorage(rdb), url)  # type: ignore[abstract]
         except Exception as exc:  # sqlalchemy raises many types for a bad or unreachable URL
             if not _schema_race(exc):
@@ -122,6 +126,27 @@ def open_storage(url: str, attempts: int = 5) -> optuna.storages.BaseStorage:
             race = exc
             time.sleep(0.2 * (attempt + 1))
     raise UsageError(f"cannot open storage {url}: {_first_line(race)}")
+
+
+def _lock_on_begin(engine: sqlalchemy.engine.Engine) -> None:
+    """Every SQLite transaction takes the write lock when it begins (BEGIN IMMEDIATE).
+
+    Optuna claims a queued trial by reading it WAITING and writing RUNNING in one transaction,
+    with SELECT ... FOR UPDATE, which SQLite ignores; and Python's sqlite3 opens the transaction
+    only at the UPDATE, so two workers could both read WAITING and both run the same trial (the
+    second then fails with "Cannot tell a COMPLETE trial").  SQLAlchemy's recipe for pysqlite:
+    turn the driver's own BEGIN off and issue ours.  The connections the constructor opened are
+    dropped so that every later one gets it.
+    """
+    def no_driver_begin(dbapi_connection: Any, _record: Any) -> None:
+        dbapi_connection.isolation_level = None
+
+    def begin_immediate(connection: sqlalchemy.engine.Connection) -> None:
+        connection.exec_driver_sql("BEGIN IMMEDIATE")
+
+    sqlalchemy.event.listen(engine, "connect", no_driver_begin)
+    sqlalchemy.event.listen(engine, "begin", begin_immediate)
+    engine.dispose()
 
 
 def _schema_race(exc: Exception) -> bool:
