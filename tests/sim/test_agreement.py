@@ -35,6 +35,9 @@ CONFIGS = {
                                           "max_num_batched_tokens": 4096,
                                           "decode_first_when_running": True}),
     "OOM under load on the 4090": ("rtx4090", {"kv_cache_tokens": 96 * 256, "block_size": 256}),
+    # 12 blocks hold 3072 tokens: every request of the 3000+128-token cell is refused (HTTP 400)
+    "a pool too small for the longest request": ("h100-80g", {**SCHED,
+                                                              "kv_cache_tokens": 12 * 256}),
 }
 
 
@@ -46,6 +49,7 @@ def test_http_and_in_process_simulations_agree(name):
                        workload=workload, model_dir=MODEL, simulate=gpu)
     agreement = compare(ctx, params, time_scale=50.0)
     assert agreement.http == agreement.inprocess
+    assert (agreement.http == "rejected") == ("too small" in name)
     if agreement.http == "ok":
         worst = {**agreement.matrix, **agreement.worst_cell}
         assert max(worst.values()) <= TOLERANCE, (agreement.matrix, agreement.worst_cell)

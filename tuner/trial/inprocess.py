@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from tuner.bench.capacity import CapacityResult
+from tuner.bench.cell_errors import failed_requests
 from tuner.bench.records import Cell
 from tuner.bench.runner import CellResult
 from tuner.server.outcome import Evidence, classify
@@ -67,15 +68,21 @@ class InProcessRunner:
 
         def run_one(i: int, cell: Cell) -> CellResult:
             sim = sims[i]  # the HTTP client sees a dead engine as /health 503: "unhealthy"
+            error_class, error = ("unhealthy" if sim.error_class else None), sim.error
+            failed = [r for r in sim.records if not r.ok]
+            if error_class is None and failed:  # refused requests (HTTP 400), as the client
+                error_class, error = failed_requests(sim.records, failed)  # judges them
             return CellResult(sim.cell, sim.records, sim.duration_s, sim.metrics,
-                              "unhealthy" if sim.error_class else None, sim.error)
+                              error_class, error)
 
         results = drive(cells[:len(sims)], run_one, on_cell, keep_going)
         ran = sims[:len(results)]
         failed = any(r.error_class for r in results)
         log = "\n".join(ran[-1].log) if ran else ""
-        ev = Evidence(log, became_healthy=True, exit_code=None, health_failed=failed,
-                      cell_errors=tuple(r.error_class for r in results if r.error_class))
+        ev = Evidence(log, became_healthy=True, exit_code=None,
+                      health_failed=any(r.error_class == "unhealthy" for r in results),
+                      cell_errors=tuple(r.error_class for r in results if r.error_class),
+                      first_error=next((r.error[:200] for r in results if r.error), ""))
         metrics = aggregate(results)
         sim_seconds = float(sum(s.duration_s for s in ran))
         found = capacity[0] if capacity and not failed and len(results) == len(cells) else None
