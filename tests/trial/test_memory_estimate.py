@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 
 from tuner.bench.records import Cell
-from tuner.search.bounds import parse_size, resolve_space
+from tuner.search.bounds import TEMPLATE_TOKENS, parse_size, resolve_space
 from tuner.errors import UsageError
 from tuner.trial.memory_estimate import Knobs, act_bytes_per_token, cell_forward_bytes, estimate, knobs_from_params
 from tuner.search.model import load_model_info
@@ -49,7 +49,28 @@ def test_auto_bound_follows_the_card():
     large = resolve_space(SPACE, M8B, parse_size("141GiB"), CELLS).param("kv_cache_tokens")
     assert 40_000 < small.high < 70_000            # ~6-7 GiB of room beside 15 GiB of weights
     assert large.high > 15 * small.high
-    assert small.low == 4096 + 1024                # the workload's largest request
+    # the workload's largest request with a chat template, in whole blocks of any size
+    assert small.low % 256 == 0 and small.low - 256 < 4096 + 1024 + TEMPLATE_TOKENS <= small.low
+
+
+def test_the_smallest_pool_serves_the_longest_request_at_every_block_size():
+    """On the simulator, which counts Llama-3.1's chat template (36 tokens) in the prompt: at
+    the range's lower bound the longest cell runs, at one block less it is refused."""
+    from tuner.search.workload import Workload
+    from tuner.trial.context import TrialContext
+    from tuner.trial.inprocess import InProcessRunner
+    cells = (Cell(1, 4096, 1024, 1),)
+    space = resolve_space(SPACE, M8B, parse_size("24GiB"), cells)
+    low = int(space.param("kv_cache_tokens").low)
+    ctx = TrialContext(space=space, workload=Workload("w", 0, None, cells,
+                                                      ("max output_throughput",), {}),
+                       model_dir=str(ROOT / "models" / "llama-3.1-8b"), simulate="rtx4090")
+    run = InProcessRunner("rtx4090")
+    for block in (16, 256):
+        served = run(ctx, {"kv_cache_tokens": low, "block_size": block}, Path("/nonexistent"))
+        assert served.outcome.kind == "ok", (block, served.outcome)
+    short = run(ctx, {"kv_cache_tokens": 4096 + 1024, "block_size": 256}, Path("/nonexistent"))
+    assert short.outcome.kind == "rejected"
 
 
 def test_auto_bound_needs_memory_and_room():

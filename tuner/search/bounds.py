@@ -6,7 +6,11 @@ make sense on both, so the pool's upper bound is what memory holds beside the we
 runtime prior (an optimistic figure: the pre-screen and the sampler's constraint model trim the
 rest; a bound that cuts off feasible configs could never be undone by learning).  The lower
 bound of a token-sized pool is raised to the workload's largest request: a pool that cannot hold
-one request serves nothing.
+one request serves nothing.  The request as the server counts it: with room for a chat template
+(`TEMPLATE_TOKENS`), and in whole blocks of the largest block size, since the server turns the
+tokens into whole blocks (rounding down).  Without that, the smallest pool of the 32k-prompt
+benchmark scenario refused its longest request (32768 + 256 tokens asked, 36 more for
+Llama-3.1's template, one block short) and served only the shorter ones.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ from tuner.trial.memory_estimate import runtime_prior
 
 _SIZE_RE = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*([kmgt]?)(i?)(b?)\s*$", re.IGNORECASE)
 _UNITS = {"": 0, "k": 1, "m": 2, "g": 3, "t": 4}
+TEMPLATE_TOKENS = 64    # a chat template's tokens around the prompt (Llama-3.1's: 36)
 
 
 def parse_size(text: str) -> int:
@@ -43,12 +48,22 @@ def _largest_request(cells: tuple[Cell, ...] | list[Cell]) -> int:
     return max((c.input_len + c.output_len for c in cells), default=0)
 
 
+def _smallest_pool(cells: tuple[Cell, ...] | list[Cell], space: SearchSpace) -> int:
+    """Tokens that hold the largest request with its chat template in whole blocks of any of
+    the space's block sizes; 0 without cells."""
+    largest = _largest_request(cells)
+    if largest == 0:
+        return 0
+    block = max(int(b) for b in _block_sizes(space))
+    return -(-(largest + TEMPLATE_TOKENS) // block) * block
+
+
 def _resolve(p: Param, space: SearchSpace, model: ModelInfo, capacity: int,
              cells: tuple[Cell, ...] | list[Cell]) -> Param:
     room = kv_room_bytes(model, capacity)
     if p.role == "kv_tokens":
         high = room // model.kv_bytes_per_token
-        low = max(int(p.low or 0), _largest_request(cells))
+        low = max(int(p.low or 0), _smallest_pool(cells, space))
     elif p.role == "kv_blocks":
         sizes = [int(c) for c in _block_sizes(space)]
         high = room // (model.kv_bytes_per_token * min(sizes))
@@ -63,7 +78,8 @@ def _resolve(p: Param, space: SearchSpace, model: ModelInfo, capacity: int,
             f"{space.path}: parameters.{p.name}: the GPU ({capacity / 2**30:.1f} GiB) leaves room "
             f"for {max(high, 0)} after the weights ({model.weight_bytes / 2**30:.1f} GiB), below "
             f"the lower bound {low} (the workload's largest request needs "
-            f"{_largest_request(cells)} tokens); use a larger GPU or a smaller model")
+            f"{_largest_request(cells)} tokens and a chat template); use a larger GPU or a "
+            "smaller model")
     return dataclasses.replace(p, low=low, high=int(high))
 
 
