@@ -261,7 +261,9 @@ def main() -> int:
             results = pool.map(run_study, jobs)
             found = max(r["best"] for res in results for r in res["rows"])
             truth_best, best = best, max(best, found)  # the grid can miss the optimum
-            lines = scenario_table(sc, results, best, args.seeds)
+            lines = scenario_table(sc, results, best, args.seeds) if best > 0 else [
+                "  FAIL: no config of the grid or of any study is feasible: the scenario cannot "
+                "measure a search"]
             failed |= any("FAIL" in line for line in lines)
             head = f"{sc.name}{' (held out)' if sc.held_out else ''}: {sc.model} on {sc.gpu}, " \
                    f"SLO {sc.slo}, reference {best:.1f} tok/s (grid truth {truth_best:.1f}, " \
