@@ -51,6 +51,26 @@ def test_every_knob_is_flipped_once_before_any_knob_again_two_way_knobs_first():
                                                               {**base, "c": 256}]
 
 
+def test_a_choice_that_won_its_comparison_is_flipped_again_on_a_new_incumbent():
+    """Graphs won a pair on an old incumbent; the new one lacks them: that flip comes first.
+    Once graphs have lost as often as they won, they are compared and not flipped again."""
+    space = GRAPHS
+    old = {"x": 3, "y": 0.1, "c": 16}
+    base = {"x": 8, "y": 0.5, "c": 16, "g": False}
+    ran = [_rec({**old, "g": False, "kv": 10}, value=1.0),
+           _rec({**old, "g": True, "kv": 10}, value=1.4), _rec({**base, "kv": 10}, value=2.0)]
+    assert controlled_flips(base, ran, space, "kv", 1.0)[0] == {**base, "g": True}
+    # minimizing, the same pair says graphs lost: compared, so no graph flip at all
+    assert {**base, "g": True} not in controlled_flips(base, ran, space, "kv", -1.0)
+    # a healthy run that missed its SLO loses to a feasible one: one win, one loss
+    lost = [_rec({**old, "c": 128, "g": False, "kv": 10}, value=0.8),
+            _rec({**old, "c": 128, "g": True, "kv": 10}, outcome="slo", value=9.0)]
+    assert {**base, "g": True} not in controlled_flips(base, ran + lost, space, "kv", 1.0)
+    # so does a loss at the new incumbent itself
+    ran.append(_rec({**base, "g": True, "kv": 10}, value=1.5))
+    assert {**base, "g": True} not in controlled_flips(base, ran, space, "kv", 1.0)
+
+
 def test_a_flip_that_ran_out_of_memory_is_paired_with_another_choice_roomiest_first():
     space = GRAPHS
     base = {"x": 8, "y": 0.5, "c": 16, "g": False}

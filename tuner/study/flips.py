@@ -41,12 +41,24 @@ them, it does not forbid one: it has just been told that the flip does not fit).
 cost of more OOM launches (26% of the trials after the first 5, from 19%); the other scenarios
 never met such a flip and ran unchanged.
 
+Why winners again: a comparison settles a knob for the incumbent it was made on, not for the
+next one.  On Llama-3.2-1B / RTX 3090 (8k-24k prompts) CUDA graphs won their comparison by 40%
+early on; the next incumbents were all found without graphs, TPE's good trials agreed on "off",
+and a seed ended 40 trials at 0.84 of the best with graphs never tried on its incumbent.  So a
+choice that won more comparisons against the incumbent's choice than it lost is flipped again,
+before any other flip; once it has lost at the new incumbent too, it is not.
+
 Why at the incumbent's pool: the share of the headroom renders a smaller pool for a config the
 model thinks needs more memory.  A flip to CUDA graphs drawn at the incumbent's share ran at
 two thirds of its pool on the 8B / RTX 4090 scenario (a galloping forward scale after one graph
 OOM) and measured the smaller pool, not the graphs.  A flip keeps the incumbent's pool unless
 the outcomes so far rule that pool out (`KvEdge.edge(..., optimistic=True)`); an OOM there is a
 bound the calibration keeps.
+
+The Llama-3.1-70B / H200 and Llama-3.2-1B / RTX 3090 figures quoted here predate the fix of
+the in-process simulator (2026-12-01): those scenarios' feasible configs were then ones whose
+pool refused their longest prompts (benchmarks/results/search_efficiency.md, round 7).  The
+mechanisms stay; those figures do not stand.
 """
 
 from __future__ import annotations
@@ -79,35 +91,53 @@ def controlled_flips(params: Mapping[str, Any], trials: Sequence[TrialRecord],
                      space: Mapping[str, BaseDistribution], kv_name: str | None,
                      sign: float) -> list[dict[str, Any]]:
     """`params` with one categorical knob set to a choice that no two healthy runs have
-    compared alone (the same other knobs, the KV pool aside).  Knob by knob, breadth first:
-    a knob none of whose choices was compared comes before another choice of a knob that
-    was, and the knob with fewer choices first (one flip settles a two-way knob); within a
-    knob, the choice farthest along its order first (numbers only), then the most promising:
-    by the best value (times `sign`: larger is better) a feasible trial with it reached."""
+    compared alone (the same other knobs, the KV pool aside), or to one that won more such
+    comparisons against `params`' choice than it lost (see module doc).  Winners first; then
+    knob by knob, breadth first: a knob none of whose choices was compared comes before
+    another choice of a knob that was, and the knob with fewer choices first (one flip settles
+    a two-way knob); within a knob, the choice farthest along its order first (numbers only),
+    then the most promising: by the best value (times `sign`: larger is better) a feasible
+    trial with it reached."""
     cats = {n: d.choices for n, d in space.items()
             if isinstance(d, CategoricalDistribution) and n in params}
-    seen: dict[tuple[str, str], set[Any]] = {}
+    pairs: dict[tuple[str, str], dict[Any, float]] = {}   # (knob, the rest) -> choice -> value
     score: dict[tuple[str, Any], float] = {}
     for t in trials:
         if t.unmeasured or t.outcome not in ("ok", "slo"):
             continue
+        value = sign * t.values[0] if t.feasible and t.values else -math.inf
         for name in (n for n in cats if n in t.params):
             rest = {k: v for k, v in t.params.items() if k not in (name, kv_name)}
-            seen.setdefault((name, config_key(rest)), set()).add(t.params[name])
-            if t.feasible and t.values:
+            group = pairs.setdefault((name, config_key(rest)), {})
+            group[t.params[name]] = max(group.get(t.params[name], -math.inf), value)
+            if value > -math.inf:
                 key = (name, t.params[name])
-                score[key] = max(score.get(key, -math.inf), sign * t.values[0])
-    compared = {(n, c) for (n, _), cs in seen.items() if len(cs) > 1 for c in cs}
+                score[key] = max(score.get(key, -math.inf), value)
+    compared = {(n, c) for (n, _), cs in pairs.items() if len(cs) > 1 for c in cs}
     settled = {n for n, _ in compared}
     out = []
     for name, choices in cats.items():
         for choice in choices:
-            if choice != params[name] and (name, choice) not in compared:
-                rank = (name in settled, len(choices), -_distance(choices, params[name], choice),
+            if choice == params[name]:
+                continue
+            won = _net_wins(pairs, name, choice, params[name]) > 0
+            if (name, choice) not in compared or won:
+                rank = (not won, name in settled, len(choices),
+                        -_distance(choices, params[name], choice),
                         -score.get((name, choice), -math.inf))
                 out.append((rank, {**params, name: choice}))
     out.sort(key=lambda rc: rc[0])
     return [c for _, c in out]
+
+
+def _net_wins(pairs: Mapping[tuple[str, str], Mapping[Any, float]], name: str, a: Any,
+              b: Any) -> int:
+    """Comparisons of knob `name` that choice `a` won against `b`, less those it lost."""
+    net = 0
+    for (n, _), group in pairs.items():
+        if n == name and a in group and b in group and group[a] != group[b]:
+            net += 1 if group[a] > group[b] else -1
+    return net
 
 
 def _distance(choices: Sequence[Any], a: Any, b: Any) -> int:

@@ -17,6 +17,11 @@ chosen knobs leave.  Enqueued configs are never changed.
 Why the neighbours: see `tuner.study.flips` (one categorical changed, at the incumbent's pool)
 and `tuner.study.local_moves`.  TPE finds the region, the local moves finish the walk;
 alternating keeps TPE's global view alive for a second region.
+
+The Llama-3.1-70B / H200 and Llama-3.2-1B / RTX 3090 figures quoted here predate the fix of
+the in-process simulator (2026-12-01): those scenarios' feasible configs were then ones whose
+pool refused their longest prompts (benchmarks/results/search_efficiency.md, round 7).  The
+mechanisms stay; those figures do not stand.
 """
 
 from __future__ import annotations

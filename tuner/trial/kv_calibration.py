@@ -7,6 +7,11 @@ weights and pool left, an OOM under load proves the forward scale `k` above (car
 forward for the cell it died in, and a healthy run proves it at most that.  `Calibration` keeps
 the bounds; `tuner.trial.kv_share` renders KV pools with them and `tuner.study.proposals`
 filters candidates with them.
+
+The Llama-3.1-70B / H200 and Llama-3.2-1B / RTX 3090 figures quoted here predate the fix of
+the in-process simulator (2026-12-01): those scenarios' feasible configs were then ones whose
+pool refused their longest prompts (benchmarks/results/search_efficiency.md, round 7).  The
+mechanisms stay; those figures do not stand.
 """
 
 from __future__ import annotations

@@ -23,6 +23,11 @@ The edge moves as the study learns (the seed's walk, 96 -> 80 -> 64 blocks, done
   The model alone was 40% over the simulator's edge for the 8B / RTX 4090 scenario's best
   knobs, and its error differs between configs: calibration alone never lands a pool in the
   band just under the edge.
+
+The Llama-3.1-70B / H200 figure quoted in `KvEdge.slack_of` predates the fix of the
+in-process simulator (2026-12-01): that scenario's feasible configs were then ones whose pool
+refused its longest prompts (benchmarks/results/search_efficiency.md, round 7).  The
+mechanism stays; the figure does not stand.
 """
 
 from __future__ import annotations
