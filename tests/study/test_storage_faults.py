@@ -6,6 +6,7 @@ writing would; SQLITE_FULL comes from `PRAGMA max_page_count`, SQLite's own quot
 
 from __future__ import annotations
 
+import os
 import sqlite3
 import threading
 import time
@@ -167,3 +168,19 @@ def test_workers_claiming_queued_trials_at_once_never_get_the_same_one(tmp_path)
     assert len(claims) == 40 and len(set(claims)) == 40
     running = study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
     assert len(running) == 40
+
+
+def test_a_read_only_sqlite_file_is_opened_without_the_write_lock(tmp_path, monkeypatch):
+    """A study inspected from a file this process may not write: no BEGIN IMMEDIATE, which
+    SQLite would refuse on it ("attempt to write a readonly database")."""
+    from tuner.study import storage as storage_mod
+    url = f"sqlite:///{tmp_path / 's.db'}"
+    writable = storage_mod.open_storage(url)
+    optuna.create_study(study_name="s", storage=writable)
+    assert sqlalchemy.event.contains(writable.engine, "begin", storage_mod._begin_immediate)
+    access = os.access  # as root every file is writable: this one is said not to be
+    monkeypatch.setattr(storage_mod.os, "access",
+                        lambda path, mode: not str(path).endswith("s.db") and access(path, mode))
+    read_only = storage_mod.open_storage(url)
+    assert not sqlalchemy.event.contains(read_only.engine, "begin", storage_mod._begin_immediate)
+    assert [s.study_name for s in read_only.get_all_studies()] == ["s"]

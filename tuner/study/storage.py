@@ -10,6 +10,7 @@ database server.
 from __future__ import annotations
 
 import argparse
+import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -117,7 +118,7 @@ def open_storage(url: str, attempts: int = 5) -> optuna.storages.BaseStorage:
                 url, engine_kwargs=kwargs, heartbeat_interval=10, grace_period=30,
                 heartbeat_stale_trial_callback=optuna.storages.RetryHeartbeatStaleTrialCallback(
                     max_retry=3))
-            if url.startswith("sqlite"):
+            if _writable_sqlite(url):
                 _lock_on_begin(rdb.engine)
             return RetryingStorage(_CachedStorage(rdb), url)  # type: ignore[abstract]
         except Exception as exc:  # sqlalchemy raises many types for a bad or unreachable URL
@@ -126,6 +127,21 @@ def open_storage(url: str, attempts: int = 5) -> optuna.storages.BaseStorage:
             race = exc
             time.sleep(0.2 * (attempt + 1))
     raise UsageError(f"cannot open storage {url}: {_first_line(race)}")
+
+
+def _writable_sqlite(url: str) -> bool:
+    """A SQLite URL whose file this process may write.  A read-only one (a study inspected from
+    a read-only mount) has no trial to claim, and BEGIN IMMEDIATE would fail on it."""
+    path = sqlite_path(url)
+    return path is not None and (not path.exists() or os.access(path, os.W_OK))
+
+
+def _no_driver_begin(dbapi_connection: Any, _record: Any) -> None:
+    dbapi_connection.isolation_level = None
+
+
+def _begin_immediate(connection: sqlalchemy.engine.Connection) -> None:
+    connection.exec_driver_sql("BEGIN IMMEDIATE")
 
 
 def _lock_on_begin(engine: sqlalchemy.engine.Engine) -> None:
@@ -138,14 +154,8 @@ def _lock_on_begin(engine: sqlalchemy.engine.Engine) -> None:
     turn the driver's own BEGIN off and issue ours.  The connections the constructor opened are
     dropped so that every later one gets it.
     """
-    def no_driver_begin(dbapi_connection: Any, _record: Any) -> None:
-        dbapi_connection.isolation_level = None
-
-    def begin_immediate(connection: sqlalchemy.engine.Connection) -> None:
-        connection.exec_driver_sql("BEGIN IMMEDIATE")
-
-    sqlalchemy.event.listen(engine, "connect", no_driver_begin)
-    sqlalchemy.event.listen(engine, "begin", begin_immediate)
+    sqlalchemy.event.listen(engine, "connect", _no_driver_begin)
+    sqlalchemy.event.listen(engine, "begin", _begin_immediate)
     engine.dispose()
 
 
