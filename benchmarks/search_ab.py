@@ -101,8 +101,9 @@ def main() -> int:
     ap.add_argument("revs", nargs="*", help="two git revisions: REV_A REV_B")
     ap.add_argument("--seeds", type=int, default=30)
     ap.add_argument("--procs", type=int, default=2)
-    ap.add_argument("--scenarios", default="8b-4090-edge,qwen7b-l40s-chat,mistral-a100-mixed,"
-                                             "70b-h200-heldout,1b-3090-long")
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from search_scenarios import SCENARIOS
+    ap.add_argument("--scenarios", default=",".join(s.name for s in SCENARIOS))
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.worker:

@@ -219,7 +219,8 @@ def fingerprint(sc: Scenario | None = None, method: str = "tuner") -> str:
     t = ROOT / "tuner"
     files = [*(t / "sim").glob("*.py"), *(t / "trial" / f for f in (
         "inprocess.py", "stages.py", "memory_estimate.py", "result.py")),
-        t / "search" / "bounds.py", t / "server" / "outcome.py"] if sc is not None else \
+        t / "search" / "bounds.py", t / "server" / "outcome.py",
+        t / "bench" / "cell_errors.py"] if sc is not None else \
         [*(p for p in t.rglob("*.py") if "commands" not in p.parts
            and (method == "tuner" or p.relative_to(t).as_posix() not in TUNER_ONLY)),
          ROOT / "benchmarks" / "search_scenarios.py"]

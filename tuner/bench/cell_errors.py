@@ -32,6 +32,16 @@ def failed_requests(records: Sequence[RequestRecord],
     return cls, f"{len(failed)} of {len(records)} requests failed; first: {first.error}"
 
 
+def judge_cell(records: Sequence[RequestRecord], error_class: str | None,
+               error: str) -> tuple[str | None, str]:
+    """The cell's (error class, error): the one the run already has (a dead server, a hang),
+    else `failed_requests` when any request failed, else none.  Over HTTP and in-process."""
+    failed = [r for r in records if not r.ok]
+    if error_class is None and failed:
+        return failed_requests(records, failed)
+    return error_class, error
+
+
 def cell_duration(records: Sequence[RequestRecord], wall_s: float) -> float:
     """Simulated records measure the cell on the simulator's clock, otherwise the wall clock."""
     sim = [r for r in records if r.sim and r.token_times]

@@ -21,7 +21,7 @@ from typing import Any
 from tqdm import tqdm
 
 from tuner.aio import cancel_and_wait
-from tuner.bench.cell_errors import HTTP_ERROR_CELL, cell_duration, failed_requests
+from tuner.bench.cell_errors import HTTP_ERROR_CELL, cell_duration, judge_cell
 from tuner.bench.client import (
     ABORTED,
     CONNECTION_ERROR,
@@ -170,10 +170,7 @@ async def _run_cell(client: StreamClient, cell: Cell, payloads: Payloads, *,  # 
         if rec.error_class == ABORTED and run.error_class is not None:
             rec.error_class = run.error_class
             rec.error = f"aborted: {run.error}"
-    error_class, error = run.error_class, run.error
-    failed = [r for r in records if not r.ok]
-    if error_class is None and failed:
-        error_class, error = failed_requests(records, failed)
+    error_class, error = judge_cell(records, run.error_class, run.error)
     duration = cell_duration(records, wall * time_scale)
     flaps = health.flaps - flaps_before if health is not None else 0
     return CellResult(cell, records, duration, cell_metrics(records, duration, slo_ms), error_class,

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from tuner.bench.capacity import CapacityResult
-from tuner.bench.cell_errors import failed_requests
+from tuner.bench.cell_errors import judge_cell
 from tuner.bench.records import Cell
 from tuner.bench.runner import CellResult
 from tuner.server.outcome import Evidence, classify
@@ -68,10 +68,8 @@ class InProcessRunner:
 
         def run_one(i: int, cell: Cell) -> CellResult:
             sim = sims[i]  # the HTTP client sees a dead engine as /health 503: "unhealthy"
-            error_class, error = ("unhealthy" if sim.error_class else None), sim.error
-            failed = [r for r in sim.records if not r.ok]
-            if error_class is None and failed:  # refused requests (HTTP 400), as the client
-                error_class, error = failed_requests(sim.records, failed)  # judges them
+            error_class, error = judge_cell(sim.records, "unhealthy" if sim.error_class else None,
+                                            sim.error)
             return CellResult(sim.cell, sim.records, sim.duration_s, sim.metrics,
                               error_class, error)
 
