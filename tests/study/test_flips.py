@@ -71,6 +71,23 @@ def test_a_choice_that_won_its_comparison_is_flipped_again_on_a_new_incumbent():
     assert {**base, "g": True} not in controlled_flips(base, ran, space, "kv", 1.0)
 
 
+def test_a_knob_whose_comparisons_moved_nothing_is_flat_and_not_flipped_again():
+    """Two healthy runs that differ in g alone and within 1% of each other: g is flat, its
+    flips stop; c, compared with a real difference, still has an uncompared choice."""
+    space = GRAPHS
+    base = {"x": 8, "y": 0.5, "c": 16, "g": False}
+    ran = [_rec({**base, "kv": 10}, value=100.0), _rec({**base, "g": True, "kv": 10}, value=100.9),
+           _rec({**base, "c": 256, "kv": 10}, value=80.0)]
+    assert controlled_flips(base, ran, space, "kv", 1.0) == [{**base, "c": 128}]
+    # a difference of more than 1% somewhere: not flat
+    ran[1] = _rec({**base, "g": True, "kv": 10}, value=101.5)
+    assert {**base, "g": True} in controlled_flips(base, ran, space, "kv", 1.0)
+    # nor when one side of the pair missed its SLO
+    ran[1] = _rec({**base, "g": True, "kv": 10}, outcome="slo", value=100.0)
+    assert {**base, "g": True} not in controlled_flips(base, ran, space, "kv", 1.0)  # it lost
+    assert base in controlled_flips({**base, "g": True}, ran, space, "kv", 1.0)  # the winner
+
+
 def test_a_flip_that_ran_out_of_memory_is_paired_with_another_choice_roomiest_first():
     space = GRAPHS
     base = {"x": 8, "y": 0.5, "c": 16, "g": False}

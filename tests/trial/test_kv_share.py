@@ -283,3 +283,21 @@ def test_an_oom_with_cuda_graphs_calibrates_the_graph_configs_only():
     cal = calibrate([oom, healthy], CAP)
     assert cal.k("c", graph=False) == 1.0 and cal.k("c", graph=True) > 1.0
     assert calibrate([healthy], CAP).k("c", graph=True) == 1.0   # no evidence: the shared one
+
+
+def test_a_pool_in_blocks_holds_the_largest_request_at_every_block_size():
+    """The transformers space counts its pool in blocks from one lower bound (64) for every
+    block size; at share 0 the pool still holds the longest request with its template."""
+    from tuner.search.bounds import TEMPLATE_TOKENS
+    cells = (Cell(32, 2048, 32, 32), Cell(1, 128, 32, 2))
+    space = resolve_space(load_space(ROOT / "search_spaces" / "transformers.yaml"), MODEL, CAP,
+                          cells)
+    edge = KvEdge(space, MODEL, CAP, cells)
+    assert edge.param.name == "cb_num_blocks" and edge.param.low == 64
+    for block in (32, 64, 128, 256):
+        params = {"cb_block_size": block, "cb_max_batch_tokens": 512,
+                  "max_requests_per_batch": 16}
+        blocks = edge.value(params, 0.0, [])
+        assert blocks * block >= 2048 + 32 + TEMPLATE_TOKENS and blocks >= 64
+        assert edge.share_of(params, blocks, []) == 0.0
+        assert edge.value(params, 0.0, []) == {32: 67}.get(block, 64)  # 2144 / 32

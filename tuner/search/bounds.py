@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
+from collections.abc import Sequence
 
 from tuner.bench.records import Cell
 from tuner.errors import UsageError
@@ -44,18 +45,21 @@ def kv_room_bytes(model: ModelInfo, capacity: int, cuda_graph_possible: bool = F
     return capacity - model.weight_bytes - runtime_prior(cuda_graph_possible)
 
 
-def _largest_request(cells: tuple[Cell, ...] | list[Cell]) -> int:
+def _largest_request(cells: Sequence[Cell]) -> int:
     return max((c.input_len + c.output_len for c in cells), default=0)
 
 
-def _smallest_pool(cells: tuple[Cell, ...] | list[Cell], space: SearchSpace) -> int:
-    """Tokens that hold the largest request with its chat template in whole blocks of any of
-    the space's block sizes; 0 without cells."""
+def smallest_pool(cells: Sequence[Cell]) -> int:
+    """Tokens that hold the workload's largest request with its chat template; 0 without
+    cells."""
     largest = _largest_request(cells)
-    if largest == 0:
-        return 0
+    return largest + TEMPLATE_TOKENS if largest else 0
+
+
+def _smallest_pool(cells: Sequence[Cell], space: SearchSpace) -> int:
+    """`smallest_pool` in whole blocks of any of the space's block sizes."""
     block = max(int(b) for b in _block_sizes(space))
-    return -(-(largest + TEMPLATE_TOKENS) // block) * block
+    return -(-smallest_pool(cells) // block) * block
 
 
 def _resolve(p: Param, space: SearchSpace, model: ModelInfo, capacity: int,

@@ -39,6 +39,7 @@ from typing import Any
 import optuna
 
 from tuner.bench.records import Cell
+from tuner.search.bounds import smallest_pool
 from tuner.search.model import ModelInfo
 from tuner.search.space import Param, SearchSpace
 from tuner.study.record import KV_SHARE, TrialRecord, config_key, kv_value
@@ -76,10 +77,21 @@ class KvEdge:
         assert p is not None, "KvEdge needs a space with an auto-bounded KV knob"
         return p
 
-    def _grid(self) -> tuple[int, int, int]:
+    def _grid(self, params: Mapping[str, Any]) -> tuple[int, int, int]:
+        """(low, high, step) of the knob for a config with these other knobs: a pool counted
+        in blocks starts at the blocks that hold the workload's largest request at the
+        config's block size (the range's lower bound is one count for every block size: on
+        the H200 transformers study 64 blocks of 32 tokens could not hold a 2083-token
+        request, and two trials ran unhealthy at the bottom of the range)."""
         p = self.param
-        low, high = p.bounds
-        return int(low), int(high), int(p.step or 1)
+        low, high = int(p.bounds[0]), int(p.bounds[1])
+        step = int(p.step or 1)
+        tokens = smallest_pool(self.cells)
+        if p.role == "kv_blocks" and tokens:
+            block = knobs_from_params(self.space, dict(params)).block_size
+            need = -(-tokens // block)
+            low = min(high, low + -(-max(0, need - low) // step) * step)
+        return low, high, step
 
     def need(self, params: dict[str, Any], value: int, cal: Calibration, runtime: int) -> float:
         """The config's need with the calibrated runtime and forward scale."""
@@ -94,7 +106,7 @@ class KvEdge:
         """The largest KV value (on the knob's step) whose calibrated need fits the card,
         corrected by the outcomes of these very knobs (`bracket`); `optimistic`: the largest
         the outcomes have not ruled out (`Calibration.optimistic`)."""
-        low, high, step = self._grid()
+        low, high, step = self._grid(params)
         cal = replace(calibrate(trials, self.capacity), optimistic=optimistic)
         graph = knobs_from_params(self.space, params).cuda_graph
         runtime = calibrated_runtime(trials, graph)
@@ -138,7 +150,6 @@ class KvEdge:
         the calibration says: when OOMs and healthy runs disagree on the forward scale (the
         estimate's error differs between configs), the scale sides with the OOMs, and on
         Llama-3.1-70B / H200 the filter then turned away 291 of 496 candidates that run."""
-        low = self._grid()[0]
         cal = calibrate(trials, self.capacity)
         runtimes = {g: calibrated_runtime(trials, g) for g in (False, True)}
 
@@ -151,20 +162,20 @@ class KvEdge:
                    default=0.0)
 
         def slack(params: dict[str, Any]) -> float:
-            n = need(params, low)
+            n = need(params, self._grid(params)[0])
             return max(self.capacity - n, held - n)
         return slack
 
     def value(self, params: dict[str, Any], share: float, trials: Sequence[TrialRecord]) -> int:
         """The KV knob's value at `share` of the way from its lower bound to the edge."""
-        low, _, step = self._grid()
+        low, _, step = self._grid(params)
         edge = self.edge(params, trials)
         return low + int(round(share * (edge - low) / step)) * step
 
     def share_of(self, params: dict[str, Any], value: int,
                  trials: Sequence[TrialRecord]) -> float:
         """The share that renders to `value` (clipped to [0, 1]): for enqueued configs."""
-        low = self._grid()[0]
+        low = self._grid(params)[0]
         edge = self.edge(params, trials)
         return 1.0 if edge <= low else min(1.0, max(0.0, (value - low) / (edge - low)))
 
