@@ -301,3 +301,22 @@ def test_a_pool_in_blocks_holds_the_largest_request_at_every_block_size():
         assert blocks * block >= 2048 + 32 + TEMPLATE_TOKENS and blocks >= 64
         assert edge.share_of(params, blocks, []) == 0.0
         assert edge.value(params, 0.0, []) == {32: 67}.get(block, 64)  # 2144 / 32
+
+
+def test_a_block_size_flip_keeps_the_pools_tokens_not_its_block_count():
+    from tuner.study.flips import at_pool
+    cells = (Cell(32, 2048, 32, 32),)
+    space = resolve_space(load_space(ROOT / "search_spaces" / "transformers.yaml"), MODEL, CAP,
+                          cells)
+    edge = KvEdge(space, MODEL, CAP, cells)
+    top_params = {"cb_block_size": 256, "cb_max_batch_tokens": 512, "max_requests_per_batch": 16,
+                  "cb_num_blocks": 65, "kv_share": 1.0}
+    top = TrialRecord.of(optuna.trial.create_trial(
+        params=top_params, distributions={k: IntDistribution(0, 10 ** 6) for k in top_params
+                                          if k != "kv_share"} | {
+            "kv_share": optuna.distributions.FloatDistribution(0.0, 1.0)},
+        values=[1.0], user_attrs={"outcome": "ok"}))
+    flip = {k: v for k, v in top_params.items() if k != "cb_num_blocks"} | {"cb_block_size": 32}
+    _, pool = at_pool(flip, top, edge, [top])
+    assert pool == 65 * 8                      # 16640 tokens either way
+    assert edge.carried(65, top_params, {"cb_block_size": 512 // 2}) == 65

@@ -193,5 +193,6 @@ def at_pool(cand: dict[str, Any], top: TrialRecord, edge: KvEdge | None,
     if edge is None or KV_SHARE not in cand or edge.param.name not in top.params:
         return cand, None
     rest = {k: v for k, v in cand.items() if k != KV_SHARE}
-    pool = min(int(top.params[edge.param.name]), edge.edge(rest, trials, optimistic=True))
+    pool = min(edge.carried(int(top.params[edge.param.name]), top.params, rest),
+               edge.edge(rest, trials, optimistic=True))
     return {**cand, KV_SHARE: edge.share_of(rest, pool, trials)}, pool
