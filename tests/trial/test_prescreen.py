@@ -34,6 +34,9 @@ def test_an_oom_lowers_the_bar_to_its_need_plus_a_margin_for_the_same_mechanism(
     assert not decide(_est(5.0), CAP, history).skip
     other = Estimate(15 * GIB, 7 * GIB, 2 * GIB, GIB, peak_cell="another cell")
     assert not decide(other, CAP, history).skip              # another failure mechanism
+    # a smaller forward with a larger pool: the OOM's error in the forward does not carry over
+    assert not decide(_est(7.5, forward_gib=0.5), CAP, history).skip
+    assert decide(_est(7.5, forward_gib=1.5), CAP, history).skip
 
 
 def test_never_skip_at_or_below_a_healthy_need():

@@ -12,7 +12,11 @@ own evidence:
   lowers the bar to N (+ OOM_MARGIN of the card) for configs whose largest forward comes from
   the same cell (the same
   failure mechanism: a long prefill and a wide decode are estimated with different errors, so
-  comparing needs across mechanisms skipped healthy configs in the benchmark); a
+  comparing needs across mechanisms skipped healthy configs in the benchmark) and whose
+  forward is no smaller (the estimate's error grows with the forward: on the H200
+  transformers study two OOMs of 16k- and 54k-token batches, estimated at 18.5 GiB, got a
+  config with a 3k-token batch and a larger pool, estimated at 21.5 GiB of a 24 GiB card,
+  skipped without a run); a
   healthy run at need H raises it to at least H: a config whose need is at or below one seen
   running healthy is never skipped, whatever the OOMs say.
 
@@ -93,7 +97,7 @@ def decide(est: Estimate, capacity: int, trials: Sequence[TrialRecord]) -> Decis
                if (a := _stored(t)) is not None and t.outcome in HEALTHY]
     oom = [_need(a, runtime) for t in trials
            if (a := _stored(t)) is not None and t.outcome == "oom"
-           and a.get("peak_cell") == est.peak_cell]
+           and a.get("peak_cell") == est.peak_cell and a["forward"] <= est.forward]
     prior = int(capacity * (1 + PRIOR_MARGIN))
     floor = max(healthy, default=0)
     bar = min([prior, *oom])
