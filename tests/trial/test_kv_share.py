@@ -320,3 +320,29 @@ def test_a_block_size_flip_keeps_the_pools_tokens_not_its_block_count():
     _, pool = at_pool(flip, top, edge, [top])
     assert pool == 65 * 8                      # 16640 tokens either way
     assert edge.carried(65, top_params, {"cb_block_size": 512 // 2}) == 65
+
+
+def test_a_pool_the_proposals_pin_is_the_pool_that_runs_even_above_the_edge(tmp_path):
+    """The proposals pin a pool on the pipeline's edge (flips at the incumbent's pool, edge
+    probes); the trial must run that pool, not the share's rendering, which stops at the edge."""
+    from tuner.search.objectives import parse_objectives
+    from tuner.search.workload import Workload
+    from tuner.trial.context import TrialContext
+    from tuner.trial.pipeline import AdaptivePipeline
+
+    cap = 24564 * 2 ** 20
+    space = resolve_space(load_space(ROOT / "search_spaces" / "infinilm.yaml"), MODEL, cap, CELLS)
+    ctx = TrialContext(space=space, workload=Workload("t", 0, None, CELLS,
+                                                      ("max output_throughput",), {}),
+                       model_dir=str(ROOT / "models" / "llama-3.1-8b"), simulate="rtx4090")
+    pipe = AdaptivePipeline(ctx, parse_objectives(["max output_throughput"]), MODEL, cap,
+                            kv_share=True)
+    assert pipe.kv_edge is pipe.kv_edge
+    study = optuna.create_study(direction="maximize")
+    trial = study.ask()
+    edge = pipe.kv_edge
+    rest = {"block_size": 256, "max_num_batched_tokens": 4096}
+    above = edge.edge(rest, []) + 4096
+    edge.pinned[trial.number] = above
+    params = pipe.suggest(trial)
+    assert params["kv_cache_tokens"] == above

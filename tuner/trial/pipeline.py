@@ -15,6 +15,7 @@ from __future__ import annotations
 import statistics
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -55,9 +56,12 @@ class AdaptivePipeline:
     kv_share: bool = False            # sample the KV knob as a share of the headroom (kv_share)
     log: Callable[[str], None] = field(default=lambda line: None)
 
-    @property
+    @cached_property
     def kv_edge(self) -> KvEdge | None:
-        """The share-to-KV renderer, when it is on and the space and card allow it."""
+        """The share-to-KV renderer, when it is on and the space and card allow it: one for
+        the pipeline's life, shared with the proposals, whose pinned pools (flips at the
+        incumbent's pool, edge probes) it renders.  A new one per call lost them: a pool above
+        the edge came back as share 1, the edge."""
         if not self.kv_share or self.capacity is None or kv_param(self.ctx.space) is None:
             return None
         return KvEdge(self.ctx.space, self.model, self.capacity, tuple(self.ctx.workload.cells))
