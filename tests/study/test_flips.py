@@ -6,7 +6,6 @@ from optuna.distributions import CategoricalDistribution, IntDistribution
 from tests.study.test_proposals import DISTS, SPACE, _record
 from tuner.study.flips import companions, controlled_flips, ran_out
 from tuner.study.record import TrialRecord
-from tuner.trial.kv_calibration import Calibration
 
 
 def test_a_choice_is_flipped_until_two_healthy_runs_compared_it_alone():
@@ -101,14 +100,6 @@ def test_a_flip_that_ran_out_of_memory_is_paired_with_another_choice_roomiest_fi
     assert companions(flip, base, space, slack) == [{**flip, "c": 256}, {**flip, "c": 128}]
 
 
-def test_the_optimistic_scale_is_the_ooms_bound_not_a_bisection_step_above_it():
-    cal = Calibration({False: 0, True: 0}, {"c+graph": (1.6, float("inf")), "c": (0.2, 0.9)})
-    assert cal.k("c", graph=True) == 2.2           # galloping: twice the proven under-estimate
-    optimistic = Calibration(cal.runtime_floor, cal.scale, optimistic=True)
-    assert optimistic.k("c", graph=True) == 1.6
-    assert optimistic.k("c") == cal.k("c") == 0.9  # the OOM proved less than the healthy runs
-
-
 def test_a_flip_runs_at_the_incumbents_pool_where_the_model_allows():
     """Graphs flipped on at the incumbent's share would get a smaller pool (the model's graph
     need is larger); the flip keeps the pool, or the largest the model allows, and the pool is
@@ -139,7 +130,7 @@ def test_a_flip_runs_at_the_incumbents_pool_where_the_model_allows():
                            CategoricalDistribution([False, True]), "kv_cache_tokens":
                            IntDistribution(pool, pool)}))
         params, pinned = at_pool({**flip, "kv_share": 0.5}, top, edge, [top])
-        assert pinned == min(pool, edge.edge(flip, [top], optimistic=True))
+        assert pinned == min(pool, edge.edge(flip, [top]))
         assert 0.0 <= params["kv_share"] <= 1.0
     assert pinned < edge.edge(knobs, [])   # the graphs' need: the incumbent's pool did not fit
     trial = optuna.create_study().ask()

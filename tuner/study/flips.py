@@ -60,8 +60,13 @@ Why at the incumbent's pool: the share of the headroom renders a smaller pool fo
 model thinks needs more memory.  A flip to CUDA graphs drawn at the incumbent's share ran at
 two thirds of its pool on the 8B / RTX 4090 scenario (a galloping forward scale after one graph
 OOM) and measured the smaller pool, not the graphs.  A flip keeps the incumbent's pool unless
-the outcomes so far rule that pool out (`KvEdge.edge(..., optimistic=True)`); an OOM there is a
-bound the calibration keeps.
+the study's edge for the flipped knobs is lower; then it runs at that edge.  Pinning the pool
+above it, up to the smallest forward scale the OOMs had not ruled out, was the intent until
+2026-12-01, but the pin never reached the trial (the pipeline made a new KV renderer per call,
+and the share rendered the pool back, stopping at the edge); with the pin working it measured
+worse on 30 seeds (benchmarks/search_ab.py: Llama-3.2-1B mean at 30 trials .963 -> .948,
+Mistral-7B at 40 .953 -> .936, Llama-3.1-70B at 40 .970 -> .963), so the flip stays at the
+edge, as every figure above was measured.
 
 The Llama-3.1-70B / H200 and Llama-3.2-1B / RTX 3090 figures quoted here predate the fix of
 the in-process simulator (2026-12-01): those scenarios' feasible configs were then ones whose
@@ -189,10 +194,10 @@ def companions(cand: Mapping[str, Any], base: Mapping[str, Any],
 def at_pool(cand: dict[str, Any], top: TrialRecord, edge: KvEdge | None,
             trials: Sequence[TrialRecord]) -> tuple[dict[str, Any], int | None]:
     """A flip of the incumbent `top` with its share set to run at `top`'s pool where the
-    outcomes allow (see module doc), and that pool; (cand, None) without a KV edge."""
+    study's edge allows (see module doc), and that pool; (cand, None) without a KV edge."""
     if edge is None or KV_SHARE not in cand or edge.param.name not in top.params:
         return cand, None
     rest = {k: v for k, v in cand.items() if k != KV_SHARE}
     pool = min(edge.carried(int(top.params[edge.param.name]), top.params, rest),
-               edge.edge(rest, trials, optimistic=True))
+               edge.edge(rest, trials))
     return {**cand, KV_SHARE: edge.share_of(rest, pool, trials)}, pool

@@ -38,17 +38,12 @@ class Calibration:
 
     runtime_floor: dict[bool, int]      # CUDA graphs -> a start-up OOM proves runtime above
     scale: dict[str, tuple[float, float]]  # mechanism -> (k proven above, k proven at most)
-    optimistic: bool = False    # k: the smallest scale the OOMs have not ruled out
 
     def k(self, cell: str, graph: bool = False) -> float:
         """The forward scale the edge assumes for this mechanism (see module doc); with CUDA
-        graphs and no evidence of their own, what the runs without graphs taught.  Optimistic:
-        the OOMs' lower bound itself where they proved the estimate short, not a bisection
-        step above it (the pool of a controlled probe, `tuner.study.flips`)."""
+        graphs and no evidence of their own, what the runs without graphs taught."""
         key = mechanism(cell, graph)
         lo, hi = self.scale.get(key if key in self.scale else cell, (0.0, math.inf))
-        if self.optimistic and lo >= min(hi, 1.0):
-            return lo
         if lo >= hi:        # the runs disagree (the error differs between configs): the OOMs win
             return lo + MIN_STEP
         healthy = min(hi, 1.0)  # the estimate, or less where healthy runs proved it over

@@ -33,7 +33,7 @@ mechanism stays; the figure does not stand.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 import optuna
@@ -112,13 +112,11 @@ class KvEdge:
         forwards = est.cell_forwards or ((est.peak_cell, est.forward),)
         return est.static + est.runtime + max(cal.k(c, knobs.cuda_graph) * f for c, f in forwards)
 
-    def edge(self, params: dict[str, Any], trials: Sequence[TrialRecord],
-             optimistic: bool = False) -> int:
+    def edge(self, params: dict[str, Any], trials: Sequence[TrialRecord]) -> int:
         """The largest KV value (on the knob's step) whose calibrated need fits the card,
-        corrected by the outcomes of these very knobs (`bracket`); `optimistic`: the largest
-        the outcomes have not ruled out (`Calibration.optimistic`)."""
+        corrected by the outcomes of these very knobs (`bracket`)."""
         low, high, step = self._grid(params)
-        cal = replace(calibrate(trials, self.capacity), optimistic=optimistic)
+        cal = calibrate(trials, self.capacity)
         graph = knobs_from_params(self.space, params).cuda_graph
         runtime = calibrated_runtime(trials, graph)
 
