@@ -55,6 +55,15 @@ def test_runtime_calibrated_from_idle_memory_per_graph_setting():
     assert calibrated_runtime([], False) == 2 * GIB
 
 
+def test_a_server_that_allocates_its_pool_on_first_use_never_gets_a_negative_runtime():
+    """transformers serve idled at the same memory whatever its pool: idle - weights - pool
+    went negative and shrank with the pool; the overhead is then idle - weights."""
+    idle = 15 * GIB + int(0.5 * GIB)
+    history = [_trial(_est(pool), "ok", idle=idle) for pool in (2.0, 4.0)]
+    assert calibrated_runtime(history, False) == int(0.5 * GIB)
+    assert calibrated_runtime([_trial(_est(1.0), "ok", idle=14 * GIB)], False) == 0
+
+
 def test_memory_constraint_is_graded_and_agrees_with_the_outcome():
     from tuner.trial.prescreen import memory_constraint
     assert memory_constraint(30 * GIB, CAP, "oom") == 0.25

@@ -5,7 +5,8 @@ estimate (`tuner.trial.memory_estimate`) is rough, so the decision is calibrated
 own evidence:
 
 * runtime overhead: once a server was seen idle (`idle_bytes`: NVML on a real card, the
-  simulator's figure in simulation), the measured idle - weights - pool replaces the prior,
+  simulator's figure in simulation), the measured idle - weights - pool replaces the prior
+  (idle - weights where the server had not allocated its pool yet: `_overhead`),
   per CUDA-graph setting (the other setting is shifted by the prior's difference);
 * margin: before any evidence a config is skipped only when its need exceeds the card by
   `PRIOR_MARGIN` (the estimate errs low, so this skips only the certain cases).  An OOM at need N
@@ -72,7 +73,7 @@ def calibrated_runtime(trials: Sequence[TrialRecord], cuda_graph: bool) -> int:
     for t in trials:
         attr, idle = _stored(t), t.idle_bytes
         if attr is not None and idle is not None and idle > 0:
-            seen[bool(attr["cuda_graph"])].append(int(idle) - attr["weights"] - attr["pool"])
+            seen[bool(attr["cuda_graph"])].append(_overhead(int(idle), attr))
     if seen[cuda_graph]:
         return int(statistics.median(seen[cuda_graph]))
     other = seen[not cuda_graph]
@@ -83,6 +84,16 @@ def calibrated_runtime(trials: Sequence[TrialRecord], cuda_graph: bool) -> int:
             - runtime_prior(not cuda_graph)
         )
     return runtime_prior(cuda_graph)
+
+
+def _overhead(idle: int, attr: Mapping[str, Any]) -> int:
+    """What an idle server holds beyond its weights and pool.  A server that allocates its pool
+    on first use holds less than weights + pool when idle: then its idle memory minus the
+    weights is the overhead.  (transformers serve idled at the same 15.5 GiB with pools of 2
+    to 4 GiB on the H200; idle - weights - pool came out at -3.5 to -2 GiB, and a config was
+    skipped against an OOM whose need that negative runtime had lowered.)"""
+    beyond = idle - attr["weights"]
+    return beyond - attr["pool"] if beyond >= attr["pool"] else max(0, beyond)
 
 
 def _need(attr: Mapping[str, Any], runtime: Mapping[bool, int]) -> int:
