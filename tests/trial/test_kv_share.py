@@ -319,7 +319,7 @@ def test_a_block_size_flip_keeps_the_pools_tokens_not_its_block_count():
     flip = {k: v for k, v in top_params.items() if k != "cb_num_blocks"} | {"cb_block_size": 32}
     _, pool = at_pool(flip, top, edge, [top])
     assert pool == 65 * 8                      # 16640 tokens either way
-    assert edge.carried(65, top_params, {"cb_block_size": 512 // 2}) == 65
+    assert edge.carried(65, top_params, {"cb_block_size": 256}) == 65   # same size: unchanged
 
 
 def test_a_pool_the_proposals_pin_is_the_pool_that_runs_even_above_the_edge(tmp_path):

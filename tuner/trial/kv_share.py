@@ -88,9 +88,9 @@ class KvEdge:
         step = int(p.step or 1)
         tokens = smallest_pool(self.cells)
         if p.role == "kv_blocks" and tokens:
-            block = knobs_from_params(self.space, dict(params)).block_size
-            need = -(-tokens // block)
-            low = min(high, low + -(-max(0, need - low) // step) * step)
+            need = -(-tokens // knobs_from_params(self.space, dict(params)).block_size)
+            if need > low:  # up to it on the knob's step, never past the range
+                low = min(high, low + -(-(need - low) // step) * step)
         return low, high, step
 
     def carried(self, value: int, source: Mapping[str, Any], target: Mapping[str, Any]) -> int:
@@ -100,9 +100,9 @@ class KvEdge:
         incumbent's pool on the H200 transformers study, under one request)."""
         if self.param.role != "kv_blocks":
             return value
-        size = {k: knobs_from_params(self.space, dict(c)).block_size for k, c in
-                (("from", source), ("to", target))}
-        return max(self._grid(target)[0], round(value * size["from"] / size["to"]))
+        before = knobs_from_params(self.space, dict(source)).block_size
+        after = knobs_from_params(self.space, dict(target)).block_size
+        return max(self._grid(target)[0], round(value * before / after))
 
     def need(self, params: dict[str, Any], value: int, cal: Calibration, runtime: int) -> float:
         """The config's need with the calibrated runtime and forward scale."""
