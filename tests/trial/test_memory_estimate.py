@@ -1,5 +1,6 @@
 """Memory estimate and adaptive bounds: arithmetic from config.json, bounds that follow the card."""
 
+import dataclasses
 from pathlib import Path
 
 import pytest
@@ -38,6 +39,25 @@ def test_need_grows_with_pool_and_guard_shrinks_long_prefill():
     guarded = Knobs(kv_tokens=16384, block_size=256, prefill_cap=8, long_threshold=4096,
                     long_max_batch=1, decode_first=True)
     assert cell_forward_bytes(M8B, guarded, CELLS[0]) < cell_forward_bytes(M8B, free, CELLS[0])
+
+
+@pytest.mark.parametrize("budget, footprint", [(16223, 10939916498), (54447, 36322154642),
+                                               (32645, 20832124450)])
+def test_a_checked_budget_costs_its_whole_forward(budget, footprint):
+    """transformers serve refused these budgets on the H200 (benchmarks/results/
+    h200-transformers-8b-r9) with the footprint given, whatever the batch held: the estimate
+    of the full budget is within 10% of it, where the workload's own batches are far below."""
+    space = load_space(ROOT / "search_spaces" / "transformers.yaml")
+    cells = (Cell(32, 2048, 32, 32), Cell(16, 512, 64, 16), Cell(1, 128, 32, 2))
+    params = {"cb_num_blocks": 187, "cb_block_size": 64, "cb_max_batch_tokens": budget,
+              "max_requests_per_batch": 64}
+    checked = knobs_from_params(space, params)
+    assert checked.budget_checked and checked.token_budget == budget
+    forward = max(cell_forward_bytes(M8B, checked, c) for c in cells)
+    assert abs(forward / footprint - 1) < 0.1
+    capped_only = dataclasses.replace(checked, budget_checked=False)
+    assert max(cell_forward_bytes(M8B, capped_only, c) for c in cells) < 0.7 * footprint
+    assert not knobs_from_params(SPACE, {"max_num_batched_tokens": budget}).budget_checked
 
 
 def test_pool_too_small_for_one_request_means_no_forward():

@@ -20,6 +20,14 @@ the study's own OOMs and healthy runs (and from the measured idle memory when on
 * activations per token: full-vocabulary fp32 logits (`vocab x 4` bytes: servers compute logits
   for every prefill token), the gated MLP's three intermediate-sized tensors and a handful of
   hidden-sized ones (q, attention output, norms, residual).
+* a checked token budget (role `checked_token_budget`): a server that checks the footprint of a
+  full budget's forward against free memory before it runs a batch refuses any batch once that
+  footprint does not fit, however few tokens the workload sends.  transformers serve 5.17 does
+  (`Memory footprint ... is more than available memory`): on the H200 record
+  benchmarks/results/h200-transformers-8b-r9 its three OOMs were budgets of 16223, 54447 and
+  32645 tokens whose footprints it put at 10.9, 36.3 and 20.8 GB, within 4% of budget x the
+  activations per token below, while the workload's own batches needed under 5 GiB.  So the
+  forward is at least the whole budget's.
 * live context: paged-attention kernels that gather each live sequence's K/V into contiguous
   buffers leave up to one copy of the live context in the caching allocator.  One copy is the
   upper bound we assume; calibration absorbs the difference.
@@ -50,7 +58,7 @@ LOGIT_BYTES = 4
 
 ROLES = ("kv_tokens", "kv_blocks", "block_size", "max_batch", "prefill_batch_cap",
          "decode_batch_cap", "prefill_token_budget", "cuda_graph", "long_threshold",
-         "long_max_batch", "long_use_total_len", "decode_first")
+         "long_max_batch", "long_use_total_len", "decode_first", "checked_token_budget")
 
 
 @dataclass(frozen=True)
@@ -63,6 +71,7 @@ class Knobs:
     prefill_cap: int | None = None
     decode_cap: int | None = None
     token_budget: int | None = None
+    budget_checked: bool = False     # the server checks a full budget's forward (module doc)
     cuda_graph: bool = False
     long_threshold: int | None = None
     long_max_batch: int | None = None
@@ -97,7 +106,8 @@ def knobs_from_params(space: SearchSpace, params: dict[str, Any]) -> Knobs:
         max_batch=by_role.get("max_batch"),
         prefill_cap=by_role.get("prefill_batch_cap"),
         decode_cap=by_role.get("decode_batch_cap"),
-        token_budget=by_role.get("prefill_token_budget"),
+        token_budget=by_role.get("prefill_token_budget") or by_role.get("checked_token_budget"),
+        budget_checked=by_role.get("checked_token_budget") is not None,
         cuda_graph=bool(by_role.get("cuda_graph")),
         long_threshold=by_role.get("long_threshold"),
         long_max_batch=by_role.get("long_max_batch"),
@@ -171,6 +181,8 @@ def cell_forward_bytes(model: ModelInfo, k: Knobs, cell: Cell) -> int:
     n_pre = int(n_pre)
     live = 0 if (long and k.decode_first) else running - n_pre
     prefill = per_tok * n_pre * prompt + kv_tok * live * total
+    if k.budget_checked and k.token_budget:
+        prefill = max(prefill, per_tok * int(k.token_budget))
     n_dec = int(min(running, k.decode_limit))
     decode = per_tok * n_dec + kv_tok * running * total
     return int(max(prefill, decode))
