@@ -4,7 +4,7 @@ import optuna
 from optuna.distributions import CategoricalDistribution, IntDistribution
 
 from tests.study.test_proposals import DISTS, SPACE, _record
-from tuner.study.flips import companions, controlled_flips, ran_out
+from tuner.study.flips import companions, controlled_flips, fell_over
 from tuner.study.record import TrialRecord
 
 
@@ -87,14 +87,16 @@ def test_a_knob_whose_comparisons_moved_nothing_is_flat_and_not_flipped_again():
     assert base in controlled_flips({**base, "g": True}, ran, space, "kv", 1.0)  # the winner
 
 
-def test_a_flip_that_ran_out_of_memory_is_paired_with_another_choice_roomiest_first():
+def test_a_flip_that_fell_over_of_memory_is_paired_with_another_choice_roomiest_first():
     space = GRAPHS
     base = {"x": 8, "y": 0.5, "c": 16, "g": False}
     flip = {**base, "g": True}
     ran = [_rec({**base, "kv": 10}), _rec({**flip, "kv": 10}, outcome="slo")]
-    assert not ran_out(flip, ran, "kv")
+    assert not fell_over(flip, ran, "kv")
     ran.append(_rec({**flip, "kv": 7}, outcome="oom"))   # at another pool: still the flip
-    assert ran_out(flip, ran, "kv") and not ran_out(base, ran, "kv")
+    assert fell_over(flip, ran, "kv") and not fell_over(base, ran, "kv")
+    never = [_rec({**base, "kv": 10}), _rec({**flip, "kv": 10}, outcome="startup")]
+    assert fell_over(flip, never, "kv")   # a flip that never started is paired the same way
     # the model gives larger blocks more room (it ranks; a pair it says cannot fit is kept)
     slack = lambda params: params["c"] - 200.0  # noqa: E731
     assert companions(flip, base, space, slack) == [{**flip, "c": 256}, {**flip, "c": 128}]
@@ -139,7 +141,7 @@ def test_a_flip_runs_at_the_incumbents_pool_where_the_model_allows():
     assert not edge.pinned                 # used once: a later trial of that number renders
 
 
-def test_the_local_move_after_a_flip_ran_out_of_memory_is_that_flip_with_a_companion():
+def test_the_local_move_after_a_flip_fell_over_of_memory_is_that_flip_with_a_companion():
     from optuna.study import StudyDirection
 
     from tuner.study.proposals import GuidedSampler

@@ -39,7 +39,7 @@ from optuna.study import StudyDirection
 from optuna.trial import FrozenTrial, TrialState
 
 from tuner.study import design
-from tuner.study.flips import at_pool, companions, controlled_flips, ran_out, untried_flips
+from tuner.study.flips import at_pool, companions, controlled_flips, fell_over, untried_flips
 from tuner.study.local_moves import incumbents, inert_knobs, neighbour, pattern_move
 from tuner.study.record import KV_SHARE, TrialRecord, config_key, records
 from tuner.trial.kv_share import KvEdge
@@ -171,7 +171,7 @@ class GuidedSampler(BaseSampler):
         for cand in controlled_flips(base, trials, search_space, kv_name, sign):
             if (found := probe(cand, slack)) is not None:
                 return found
-            if ran_out(cand, trials, kv_name):
+            if fell_over(cand, trials, kv_name):
                 for pair in companions(cand, base, search_space, slack):
                     if (found := probe(pair, permissive)) is not None:
                         return found
