@@ -30,19 +30,20 @@ most about.  Mistral-7B's best configs all have the last of four guard lengths; 
 took its mean at 20 / 30 / 40 trials (30 seeds) from .693 / .895 / .950 to .783 / .917 / .958,
 8B and Qwen moved by under 0.015 either way, 70B's mean not at all (three digits).
 
-Why companions: a flip can run out of memory, or fail to start, where the same flip with another
-categorical changed would run. On Llama-3.1-70B / H200 graphs with 32-token blocks ran out of
-memory, graphs with 128-token blocks ran and were 7% faster; the graph flip of an incumbent with
-small blocks ran out, its calibration then put every graph config over the card, and 2 of 3 seeds
-ended 40 trials at 0.93 of the best. So a flip that ran out of memory is tried again with one more
-categorical knob changed, the pair the memory model gives the most room first (it ranks them, it
-does not forbid one: it has just been told that the flip does not fit). On 70B / H200 (30 seeds)
-the median at 30 measured trials rose from 0.93 to 1.00 of the best known, at the cost of more OOM
-launches (26% of the trials after the first 5, from 19%); the other scenarios never met such a flip
-and ran unchanged. A flip that failed to start is paired the same way: the seed's RTX 4090 compiled
-block size 128 without CUDA graphs but not with them, and on the 8B / RTX 4090 scenario an
-incumbent with 128-token blocks had its graph flip fail twice and never tried graphs at another
-block size (a seed ended 40 trials at 0.88 of the best).
+Why companions: a flip can run out of memory, or fail to start, where the same flip with
+another categorical changed would run.  On Llama-3.1-70B / H200 graphs with 32-token blocks ran
+out of memory, graphs with 128-token blocks ran and were 7% faster; the graph flip of an
+incumbent with small blocks ran out, its calibration then put every graph config over the card,
+and 2 of 3 seeds ended 40 trials at 0.93 of the best.  So a flip that ran out of memory is
+tried again with one more categorical knob changed, the pair the memory model gives the most
+room first (it ranks them, it does not forbid one: it has just been told that the flip does not
+fit).  On 70B / H200 (30 seeds) the median at 30 measured trials rose from 0.93 to 1.00 of the
+best known, at the cost of more OOM launches (26% of the trials after the first 5, from 19%);
+the other scenarios never met such a flip and ran unchanged.  A flip that failed to start is
+paired the same way: the seed's RTX 4090 compiled block size 128 without CUDA graphs but not
+with them, and on the 8B / RTX 4090 scenario an incumbent with 128-token blocks had its graph
+flip fail twice and never tried graphs at another block size (in one study, which ended 40
+trials at 0.88 of the best).
 
 Why winners again: a comparison settles a knob for the incumbent it was made on, not for the
 next one.  On Llama-3.2-1B / RTX 3090 (8k-24k prompts) CUDA graphs won their comparison by 40%

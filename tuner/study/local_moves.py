@@ -129,12 +129,12 @@ def pattern_move(trials: Sequence[TrialRecord], directions: Sequence[StudyDirect
     out = {k: new[k] for k in space}
     for name, dist in space.items():
         if isinstance(dist, (IntDistribution, FloatDistribution)) and new[name] != old[name]:
-            out[name] = shift(new[name], dist, _position(new[name], dist)
-                              - _position(old[name], dist))
+            out[name] = shift(new[name], dist, position(new[name], dist)
+                              - position(old[name], dist))
     return out
 
 
-def _position(value: Any, dist: IntDistribution | FloatDistribution) -> float:
+def position(value: Any, dist: IntDistribution | FloatDistribution) -> float:
     """Where `value` sits in its range, 0 to 1, on the knob's log or linear scale."""
     low, high = float(dist.low), float(dist.high)
     if high <= low:

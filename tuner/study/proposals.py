@@ -14,9 +14,10 @@ ranks, it never forbids: the estimate can be wrong, and the outcome of a config 
 corrects the calibration.  The KV pool itself is still drawn as a share of the headroom the
 chosen knobs leave.  Enqueued configs are never changed.
 
-Why the neighbours: see `tuner.study.flips` (one categorical changed, at the incumbent's pool)
-and `tuner.study.local_moves`.  TPE finds the region, the local moves finish the walk;
-alternating keeps TPE's global view alive for a second region.
+Why the neighbours: see `tuner.study.flips` (one categorical changed, at the incumbent's pool),
+`tuner.study.pool_trades`, `tuner.study.ascent` and `tuner.study.local_moves`.  TPE finds the
+region, the local moves finish the walk; alternating keeps TPE's global view alive for a second
+region.
 
 The Llama-3.1-70B / H200 and Llama-3.2-1B / RTX 3090 figures quoted here predate the fix of
 the in-process simulator (2026-12-01): those scenarios' feasible configs were then ones whose
@@ -39,8 +40,10 @@ from optuna.study import StudyDirection
 from optuna.trial import FrozenTrial, TrialState
 
 from tuner.study import design
+from tuner.study.ascent import ascent_move
 from tuner.study.flips import at_pool, companions, controlled_flips, fell_over, untried_flips
 from tuner.study.local_moves import incumbents, inert_knobs, neighbour, pattern_move
+from tuner.study.pool_trades import pool_trade
 from tuner.study.record import KV_SHARE, TrialRecord, config_key, records
 from tuner.trial.kv_share import KvEdge
 
@@ -101,6 +104,7 @@ class GuidedSampler(BaseSampler):
         self._rng = random.Random(seed)
         self._design = design.StartupDesign(startup, self._rng)
         self.turned_away: list[dict[str, Any]] = []   # candidates the memory model rejected
+        self._ascended: set[int] = set()   # runs an ascent move started from
 
     @property
     def base(self) -> BaseSampler:
@@ -145,14 +149,23 @@ class GuidedSampler(BaseSampler):
                search_space: dict[str, BaseDistribution], slack: Slack,
                dead: set[tuple[str, Any]], start_up: bool) -> Local | None:
         """A neighbour of an incumbent that was not run yet, and the pool to pin it to (flips
-        only): first a choice never launched (`untried_flips`, whatever the memory model says;
-        during the start-up only one the memory filter has turned away), then a choice never
-        compared (`controlled_flips`; one that ran out of memory, paired with another change:
-        `companions`), then the pattern move, else a random neighbour that fits; None if none
-        was found."""
+        only): a flip (`_flip`), else, after the start-up, a move of the numbers (`_numeric`);
+        None if none was found."""
         top = self._incumbent(trials, directions, search_space, start_up)
         if top is None:
             return None
+        found = self._flip(top, trials, directions, search_space, slack, dead, start_up)
+        if found is not None or start_up:
+            return found
+        return self._numeric(top, trials, directions, search_space, slack)
+
+    def _flip(self, top: TrialRecord, trials: Sequence[TrialRecord], directions: Sequence[Any],
+              search_space: dict[str, BaseDistribution], slack: Slack, dead: set[tuple[str, Any]],
+              start_up: bool) -> Local | None:
+        """First a choice never launched (`untried_flips`, whatever the memory model says;
+        during the start-up only one the memory filter has turned away), then after the
+        start-up a choice never compared (`controlled_flips`; one that ran out of memory or
+        never started, paired with another change: `companions`)."""
         base = {k: top.params[k] for k in search_space}
         kv_name = self._edge.param.name if self._edge is not None else None
         fresh = self._fresh(trials)
@@ -175,12 +188,37 @@ class GuidedSampler(BaseSampler):
                 for pair in companions(cand, base, search_space, slack):
                     if (found := probe(pair, permissive)) is not None:
                         return found
+        return None
+
+    def _numeric(self, top: TrialRecord, trials: Sequence[TrialRecord],
+                 directions: Sequence[Any], search_space: dict[str, BaseDistribution],
+                 slack: Slack) -> Local | None:
+        """A pool trade (`tuner.study.pool_trades`), else an ascent move (`_ascent`), then the
+        pattern move, else a random neighbour that fits."""
+        fresh = self._fresh(trials)
+        move = pool_trade(top, search_space, self._edge, trials)
+        if move is None or not fresh(move, slack):   # an ascent is not spent on a turn it loses
+            move = self._ascent(trials, directions, search_space, slack)
         pattern = pattern_move(trials, directions, search_space)
+        base = {k: top.params[k] for k in search_space}
         inert = inert_knobs(trials, list(search_space))
-        cands = itertools.chain([] if pattern is None else [pattern],
+        cands = itertools.chain((c for c in (move, pattern) if c is not None),
                                 (neighbour(base, search_space, self._rng, inert)
                                  for _ in range(TRIES)))
         return next(((c, None) for c in cands if fresh(c, slack)), None)
+
+    def _ascent(self, trials: Sequence[TrialRecord], directions: Sequence[Any],
+                search_space: dict[str, BaseDistribution], slack: Slack) -> dict[str, Any] | None:
+        """An ascent move (`tuner.study.ascent`) that fits and was not run, once per run it
+        starts from; None if there is none."""
+        found = ascent_move(trials, directions, search_space)
+        if found is None or found[0] in self._ascended:
+            return None
+        source, move = found
+        if not self._fresh(trials)(move, slack):
+            return None
+        self._ascended.add(source)
+        return move
 
     def _incumbent(self, trials: Sequence[TrialRecord], directions: Sequence[Any],
                    search_space: dict[str, BaseDistribution],

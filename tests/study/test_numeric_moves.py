@@ -1,0 +1,75 @@
+"""Numeric local moves: the ascent on ranks and the pool trade."""
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import optuna
+from optuna.distributions import FloatDistribution, IntDistribution
+from optuna.study import StudyDirection
+
+from tuner.study.ascent import ascent_move
+from tuner.study.local_moves import STEP_SCALE
+from tuner.study.pool_trades import pool_trade
+from tuner.study.record import TrialRecord
+
+SPACE = {"cap": IntDistribution(1, 128, log=True), "y": FloatDistribution(0.0, 1.0),
+         "budget": IntDistribution(1024, 32768, log=True)}
+MAX = [StudyDirection.MAXIMIZE]
+
+
+def _run(number, params, value, outcome="ok", slo_miss=0.0, kv=None):
+    dists = {**SPACE, "kv_share": FloatDistribution(0.0, 1.0), "kv": IntDistribution(0, 10**6)}
+    if kv is not None:
+        params = {**params, "kv": kv}
+    t = optuna.trial.create_trial(params=params, distributions={k: dists[k] for k in params},
+                                  values=[value], user_attrs={"outcome": outcome},
+                                  constraints={"slo:p99_ttft_ms": slo_miss})
+    t.number = number
+    return TrialRecord.of(t)
+
+
+def test_an_ascent_moves_every_number_the_runs_rank_with_the_objective():
+    """cap rises with the value in every run, y does not: only cap moves, from the best run."""
+    ys = [0.9, 0.1, 0.5, 0.3, 0.7, 0.2]
+    runs = [_run(i, {"cap": 2 ** i, "y": y, "budget": 4096}, float(i)) for i, y in enumerate(ys)]
+    source, move = ascent_move(runs, MAX, SPACE)
+    assert source == 5
+    assert move["cap"] > 32 and move["y"] == 0.2 and move["budget"] == 4096
+    # a step of STEP_SCALE of the log range: 32 * 128 ** 0.25 = 108
+    assert abs(move["cap"] - 32 * 128 ** STEP_SCALE) <= 1
+    assert ascent_move(runs[:4], MAX, SPACE) is None                 # too few runs to rank
+    assert ascent_move(runs, MAX * 2, SPACE) is None                 # several objectives
+
+
+def test_a_run_that_missed_its_slo_ranks_below_every_run_that_met_it():
+    """Runs that missed the SLO (by less, the larger the cap) ran faster than those that met it,
+    and rank below them all the same: merit is SLOs met first, then misses by how little."""
+    missed = [_run(i, {"cap": 1 + i, "y": 0.5, "budget": 4096}, 99.0, outcome="slo",
+                   slo_miss=0.9 - 0.4 * i) for i in range(3)]
+    met = [_run(3 + i, {"cap": 4 + i, "y": 0.5, "budget": 4096}, 1.0 + i) for i in range(3)]
+    source, move = ascent_move(missed + met, MAX, SPACE)
+    assert source == 5 and move["cap"] > 6   # from the best run that met it, caps upwards
+
+
+@dataclass
+class _Edge:
+    """A KV renderer whose pool grows as `budget` falls (the forward frees memory for it)."""
+
+    pools: dict[int, int]
+    param: Any = field(default_factory=lambda: type("P", (), {"name": "kv"})())
+
+    def value(self, params, share, trials):
+        return int(share * self.pools[params["budget"]])
+
+
+def test_a_pool_trade_lowers_the_number_that_frees_the_most_pool_once_per_incumbent():
+    space = {**SPACE, "kv_share": FloatDistribution(0.0, 1.0)}
+    top = _run(0, {"cap": 8, "y": 0.5, "budget": 16384, "kv_share": 1.0}, 5.0, kv=9000)
+    edge = _Edge({16384: 9000, 6889: 13000})   # one step down the log range: 16384 -> 6889
+    move = pool_trade(top, space, edge, [top])
+    assert move == {**{k: top.params[k] for k in space}, "budget": 6889}
+    # the budget's step frees nothing: no trade (cap's and y's steps change no pool here)
+    assert pool_trade(top, space, _Edge({16384: 9000, 6889: 9000}), [top]) is None
+    # once a run has tried the incumbent with one number lowered, no second trade
+    tried = _run(1, {**move, "cap": 8}, 5.5, kv=13000)
+    assert pool_trade(top, space, edge, [top, tried]) is None
