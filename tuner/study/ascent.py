@@ -47,7 +47,8 @@ def ascent_move(trials: Sequence[TrialRecord], directions: Sequence[StudyDirecti
         return None
     merit = _ranks([_merit(t, sign) for t in runs])
     top = runs[max(range(len(runs)), key=lambda i: merit[i])]
-    move = {k: top.params[k] for k in space}
+    base = {k: top.params[k] for k in space}
+    move = dict(base)
     for name, dist in space.items():
         if name == KV_SHARE or dist.single() or not isinstance(dist, (IntDistribution,
                                                                       FloatDistribution)):
@@ -55,7 +56,7 @@ def ascent_move(trials: Sequence[TrialRecord], directions: Sequence[StudyDirecti
         rho = _pearson(_ranks([position(t.params[name], dist) for t in runs]), merit)
         if abs(rho) > 2 / math.sqrt(len(runs)):
             move[name] = shift(move[name], dist, math.copysign(STEP_SCALE, rho))
-    return (top.number, move) if move != {k: top.params[k] for k in space} else None
+    return (top.number, move) if move != base else None
 
 
 def _merit(t: TrialRecord, sign: float) -> tuple[int, float]:

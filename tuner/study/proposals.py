@@ -198,7 +198,7 @@ class GuidedSampler(BaseSampler):
         fresh = self._fresh(trials)
         move = pool_trade(top, search_space, self._edge, trials)
         if move is None or not fresh(move, slack):   # an ascent is not spent on a turn it loses
-            move = self._ascent(trials, directions, search_space, slack)
+            move = self._ascent(trials, directions, search_space, lambda c: fresh(c, slack))
         pattern = pattern_move(trials, directions, search_space)
         base = {k: top.params[k] for k in search_space}
         inert = inert_knobs(trials, list(search_space))
@@ -208,17 +208,15 @@ class GuidedSampler(BaseSampler):
         return next(((c, None) for c in cands if fresh(c, slack)), None)
 
     def _ascent(self, trials: Sequence[TrialRecord], directions: Sequence[Any],
-                search_space: dict[str, BaseDistribution], slack: Slack) -> dict[str, Any] | None:
-        """An ascent move (`tuner.study.ascent`) that fits and was not run, once per run it
-        starts from; None if there is none."""
+                search_space: dict[str, BaseDistribution],
+                runnable: Callable[[dict[str, Any]], bool]) -> dict[str, Any] | None:
+        """An ascent move (`tuner.study.ascent`) that is `runnable` (fits, not run yet), once
+        per run it starts from; None if there is none."""
         found = ascent_move(trials, directions, search_space)
-        if found is None or found[0] in self._ascended:
+        if found is None or found[0] in self._ascended or not runnable(found[1]):
             return None
-        source, move = found
-        if not self._fresh(trials)(move, slack):
-            return None
-        self._ascended.add(source)
-        return move
+        self._ascended.add(found[0])
+        return found[1]
 
     def _incumbent(self, trials: Sequence[TrialRecord], directions: Sequence[Any],
                    search_space: dict[str, BaseDistribution],

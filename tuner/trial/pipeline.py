@@ -60,7 +60,7 @@ class AdaptivePipeline:
     def kv_edge(self) -> KvEdge | None:
         """The share-to-KV renderer, when it is on and the space and card allow it: one for
         the pipeline's life, shared with the proposals, whose pinned pools (flips at the
-        incumbent's pool, edge probes) it renders.  A new one per call lost them: a pool above
+        incumbent's pool) it renders.  A new one per call lost them: a pool above
         the edge came back as share 1, the edge."""
         if not self.kv_share or self.capacity is None or kv_param(self.ctx.space) is None:
             return None
