@@ -301,6 +301,7 @@ def test_a_pool_in_blocks_holds_the_largest_request_at_every_block_size():
         assert blocks * block >= 2048 + 32 + TEMPLATE_TOKENS and blocks >= 64
         assert edge.share_of(params, blocks, []) == 0.0
         assert edge.value(params, 0.0, []) == {32: 67}.get(block, 64)  # 2144 / 32
+    assert edge.floors() == {32: 67}     # what the tune banner adds to the range [64, ...]
 
 
 def test_a_block_size_flip_keeps_the_pools_tokens_not_its_block_count():

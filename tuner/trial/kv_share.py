@@ -93,6 +93,17 @@ class KvEdge:
                 low = min(high, low + -(-(need - low) // step) * step)
         return low, high, step
 
+    def floors(self) -> dict[int, int]:
+        """Per block size, the knob's lowest value (`_grid`) where it differs from the range's
+        lower bound: the banner shows them, the range alone hides them."""
+        block = next((p for p in self.space.parameters
+                      if p.role == "block_size" and p.type == "categorical"), None)
+        if block is None:
+            return {}
+        low = int(self.param.bounds[0])
+        floors = {int(size): self._grid({block.name: size})[0] for size in block.choices}
+        return {size: floor for size, floor in floors.items() if floor != low}
+
     def carried(self, value: int, source: Mapping[str, Any], target: Mapping[str, Any]) -> int:
         """The KV value that gives config `target` the pool `value` gives `source`: the same
         for a pool in tokens; for one in blocks, the same tokens at `target`'s block size (a
