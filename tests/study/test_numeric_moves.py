@@ -73,3 +73,29 @@ def test_a_pool_trade_lowers_the_number_that_frees_the_most_pool_once_per_incumb
     # once a run has tried the incumbent with one number lowered, no second trade
     tried = _run(1, {**move, "cap": 8}, 5.5, kv=13000)
     assert pool_trade(top, space, edge, [top, tried]) is None
+
+
+def test_while_no_run_met_its_slo_a_local_turn_climbs_from_the_run_that_missed_least():
+    """Six runs after the start-up, none within the SLO; the larger the cap, the smaller the
+    miss.  With no incumbent there is nothing to flip or trade, so the local turn is an ascent
+    from the run that missed least, its cap moved up a step; only once per run it starts from."""
+    from tuner.study.proposals import GuidedSampler
+
+    optuna.logging.set_verbosity(optuna.logging.ERROR)
+    sampler = GuidedSampler(optuna.samplers.TPESampler(seed=0, n_startup_trials=2), None, 2,
+                            seed=0)
+    study = optuna.create_study(direction="maximize", sampler=sampler)
+    ys = [0.9, 0.1, 0.5, 0.3, 0.7, 0.2]
+    for i, y in enumerate(ys):
+        run = _run(i, {"cap": 2 ** i, "y": y, "budget": 4096}, 1.0, outcome="slo",
+                   slo_miss=1.0 - 0.1 * i)
+        study.add_trial(optuna.trial.create_trial(
+            params=run.params, distributions={k: SPACE[k] for k in run.params}, values=[1.0],
+            user_attrs={"outcome": "slo"}, constraints={"slo:p99_ttft_ms": 1.0 - 0.1 * i}))
+    first = study.ask({k: SPACE[k] for k in SPACE})   # trial 6: a local turn
+    assert first.params["y"] == 0.2 and first.params["budget"] == 4096
+    assert abs(first.params["cap"] - 32 * 128 ** STEP_SCALE) <= 1
+    study.tell(first, state=optuna.trial.TrialState.FAIL)
+    study.ask({k: SPACE[k] for k in SPACE})           # trial 7: a draw
+    again = study.ask({k: SPACE[k] for k in SPACE})   # trial 8: no second ascent from run 5
+    assert again.params != first.params

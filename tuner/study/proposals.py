@@ -150,10 +150,15 @@ class GuidedSampler(BaseSampler):
                dead: set[tuple[str, Any]], start_up: bool) -> Local | None:
         """A neighbour of an incumbent that was not run yet, and the pool to pin it to (flips
         only): a flip (`_flip`), else, after the start-up, a move of the numbers (`_numeric`);
-        None if none was found."""
+        while no run met the SLOs, an ascent from the run that missed least
+        (`tuner.study.ascent`); None if none was found."""
         top = self._incumbent(trials, directions, search_space, start_up)
-        if top is None:
-            return None
+        if top is None:   # nothing met the SLOs yet: climb from the run that missed least
+            if start_up:
+                return None
+            move = self._ascent(trials, directions, search_space,
+                                lambda c: self._fresh(trials)(c, slack))
+            return None if move is None else (move, None)
         found = self._flip(top, trials, directions, search_space, slack, dead, start_up)
         if found is not None or start_up:
             return found
