@@ -176,7 +176,8 @@ def run_study(job: tuple[str, str, int]) -> dict[str, Any]:
     else:
         sampler = make_sampler("auto" if tuner else method, seed, budget)
     if tuner:
-        sampler = guided(sampler, pipeline.kv_edge, startup_trials(budget), seed)
+        sampler = guided(sampler, pipeline.kv_edge, startup_trials(budget), seed,
+                         limits=ctx.space.limits())
     study = optuna.create_study(directions=["maximize"], sampler=sampler)
     if tuner:
         warm_start(study, ctx.space, argparse.Namespace(no_defaults=False, seed_config=None,

@@ -34,3 +34,24 @@ def test_start_up_shares_are_in_the_upper_half_and_choices_are_balanced():
     assert sorted(int((s - 0.5) * 20) for s in shares) == list(range(10))
     picks = [design.draw("bs", CategoricalDistribution([16, 256])) for _ in range(10)]
     assert picks.count(16) == 5
+
+
+def test_the_first_point_has_every_request_cap_at_the_top_and_only_the_first():
+    from pathlib import Path
+
+    from tuner.search.space_file import load_space
+
+    space = load_space(Path(__file__).resolve().parents[2] / "search_spaces" / "infinilm.yaml")
+    limits = space.limits()
+    assert set(limits) == {"max_batch_size", "prefill_batch_cap", "decode_batch_cap",
+                           "long_context_max_batch"}        # token budgets are not among them
+    dists = {"max_batch_size": IntDistribution(1, 128, log=True),
+             "decode_batch_cap": IntDistribution(1, 128, log=True),
+             "max_num_batched_tokens": IntDistribution(1024, 32768, log=True),
+             "block_size": CategoricalDistribution([16, 256])}
+    design = StartupDesign(10, random.Random(2), limits)
+    first = design.point(dists)
+    assert first["max_batch_size"] == 128 and first["decode_batch_cap"] == 128
+    assert first["max_num_batched_tokens"] < 32768 and first["block_size"] in (16, 256)
+    rest = [design.point(dists) for _ in range(9)]
+    assert all(p["max_batch_size"] < 128 or p["decode_batch_cap"] < 128 for p in rest)

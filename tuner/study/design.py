@@ -1,5 +1,6 @@
 """The start-up design: while the sampler has no model yet, every number is drawn from a Latin
-hypercube on its own scale and the KV share from the upper half of the headroom.
+hypercube on its own scale and the KV share from the upper half of the headroom; the first
+point has the request caps at their tops.
 
 Why a Latin hypercube: the first trials must show the model where each knob's good end is.
 Independent uniform draws cluster: on a log range such as a batch cap in [1, 128] a quarter of
@@ -11,6 +12,24 @@ trials, 8B / RTX 4090 and Qwen): three levels per number (both ends, the middle)
 0.71, five levels 0.91 and 0.65, the hypercube 0.88 and 0.80.  Levels put a fifth to a third
 of every knob at its lower end; the hypercube is the design that did not fail a scenario.
 
+Why the first point opens the request caps: a cap on the requests of one step (the batch size, the
+prefill and decode caps, the long-context batch) caps least at the top of its range, which is what
+a server does with the cap unset.  The best configs of every scenario of
+benchmarks/search_efficiency.py have their caps in the upper half of their log ranges, and those of
+Qwen2.5-7B / L40S and Mistral-7B / A100 at the top (batch and decode caps at 128, prefill cap at
+35-64); four independent hypercube strata rarely put all caps there together: seeds ended 20 trials
+at 0.65-0.80 of the best with one cap at a tenth of its useful value.  So the first start-up point
+has every cap at its top and the rest of its knobs from the hypercube (where a cap must be low, TPE
+and the local moves find it as before).  The token budgets stay in the hypercube: a budget's
+forward takes memory from the KV pool (`tuner.study.pool_trades`), and opened too (b3c32b5) the
+point ran out of memory in 9 of 20 Qwen seeds and 12 of 20 70B seeds, and lost 8B and Qwen at 40
+trials.  Measured on 20 seeds (benchmarks/search_ab.py deaeb29 7cc2639), mean best/reference at 10
+/ 20 / 30 / 40 trials: 8B / RTX 4090 .786 / .896 / .927 / .954 -> .824 / .953 / .981 / .986 (10th
+percentile at 30 .676 -> .968), Qwen .634 / .772 / .936 / .973 -> .820 / .938 / .967 / .986,
+Llama-3.2-1B / RTX 3090 .840 / .935 / .973 / .988 -> .890 / .959 / .990 / .992, Mistral-7B / A100
+.472 / .812 / .950 / .981 -> .616 / .896 / .947 / .979, Llama-3.1-70B / H200 within .004 (there
+memory binds: the best configs run a ~3k-token prefill budget beside the smallest pool).
+
 Why the upper half of the share: a pool under half of what fits is rarely the best one.  The
 throughput rises with the pool while the batch is KV-bound and is flat after, and a share above
 the real edge is not wasted either: its OOM calibrates the edge (`tuner.trial.kv_share`).
@@ -20,6 +39,7 @@ from __future__ import annotations
 
 import math
 import random
+from collections.abc import Collection, Mapping
 from typing import Any
 
 from optuna.distributions import (
@@ -50,12 +70,22 @@ def level(dist: IntDistribution | FloatDistribution, position: float) -> Any:
 
 class StartupDesign:
     """Draws of a Latin hypercube of `size` points: each knob's strata are used once, in an
-    order of their own, before any is used again (rejected candidates use them up too)."""
+    order of their own, before any is used again (rejected candidates use them up too).  The
+    first point has the `limits` (numbers that cap the work of a step) at their tops."""
 
-    def __init__(self, size: int, rng: random.Random) -> None:
+    def __init__(self, size: int, rng: random.Random, limits: Collection[str] = ()) -> None:
         self._size = max(2, size)
         self._rng = rng
         self._strata: dict[str, list[int]] = {}
+        self._limits = set(limits)
+
+    def point(self, space: Mapping[str, BaseDistribution]) -> dict[str, Any]:
+        """One start-up candidate: the open-limits corner first, then hypercube points."""
+        out = {name: self.draw(name, dist) for name, dist in space.items()}
+        opened = {n: d.high for n, d in space.items() if n in self._limits
+                  and isinstance(d, (IntDistribution, FloatDistribution))}
+        self._limits = set()
+        return {**out, **opened}
 
     def _position(self, name: str) -> float:
         left = self._strata.get(name)

@@ -30,7 +30,7 @@ from __future__ import annotations
 import itertools
 import math
 import random
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from typing import Any
 
 import optuna
@@ -96,13 +96,14 @@ class GuidedSampler(BaseSampler):
     it can fit).  `startup`: the wrapped sampler's start-up length; local moves begin there."""
 
     def __init__(self, base: BaseSampler, slack_of: SlackOf | None, startup: int,
-                 seed: int | None = None, edge: KvEdge | None = None) -> None:
+                 seed: int | None = None, edge: KvEdge | None = None,
+                 limits: Collection[str] = ()) -> None:
         self._base = base
         self._slack_of = slack_of or _fits_always
         self._startup = startup
         self._edge = edge
         self._rng = random.Random(seed)
-        self._design = design.StartupDesign(startup, self._rng)
+        self._design = design.StartupDesign(startup, self._rng, limits)
         self.turned_away: list[dict[str, Any]] = []   # candidates the memory model rejected
         self._ascended: set[int] = set()   # runs an ascent move started from
 
@@ -263,7 +264,7 @@ class GuidedSampler(BaseSampler):
         params = self._base.sample_relative(study, trial, search_space)
         if params:
             return params
-        return {name: self._design.draw(name, dist) for name, dist in search_space.items()}
+        return self._design.point(search_space)
 
     def sample_independent(self, study: optuna.Study, trial: FrozenTrial, param_name: str,
                            param_distribution: BaseDistribution) -> Any:
@@ -291,11 +292,11 @@ def _distinct(tops: list[TrialRecord]) -> list[TrialRecord]:
 
 
 def guided(sampler: BaseSampler, edge: KvEdge | None, startup: int,
-           seed: int | None) -> BaseSampler:
+           seed: int | None, limits: Collection[str] = ()) -> BaseSampler:
     """`sampler` wrapped as the tuner proposes; unchanged for random and grid search, which
     are asked for as such.  Without a KV edge (no card size, or --kv-absolute) the memory
     filter passes everything."""
     if isinstance(sampler, (RandomSampler, optuna.samplers.GridSampler)):
         return sampler
     return GuidedSampler(sampler, edge.slack_of if edge is not None else None, startup, seed,
-                         edge=edge)
+                         edge=edge, limits=limits)
