@@ -44,14 +44,16 @@ def test_the_first_point_has_every_request_cap_at_the_top_and_only_the_first():
     space = load_space(Path(__file__).resolve().parents[2] / "search_spaces" / "infinilm.yaml")
     limits = space.limits()
     assert set(limits) == {"max_batch_size", "prefill_batch_cap", "decode_batch_cap",
-                           "long_context_max_batch"}        # token budgets are not among them
+                           "long_context_max_batch", "long_context_threshold"}   # no budgets
     dists = {"max_batch_size": IntDistribution(1, 128, log=True),
              "decode_batch_cap": IntDistribution(1, 128, log=True),
              "max_num_batched_tokens": IntDistribution(1024, 32768, log=True),
-             "block_size": CategoricalDistribution([16, 256])}
+             "block_size": CategoricalDistribution([16, 256]),
+             "long_context_threshold": CategoricalDistribution([1024, 2048, 4096, 8192])}
     design = StartupDesign(10, random.Random(2), limits)
     first = design.point(dists)
     assert first["max_batch_size"] == 128 and first["decode_batch_cap"] == 128
+    assert first["long_context_threshold"] == 8192   # the guard holds the fewest apart
     assert first["max_num_batched_tokens"] < 32768 and first["block_size"] in (16, 256)
     rest = [design.point(dists) for _ in range(9)]
     assert all(p["max_batch_size"] < 128 or p["decode_batch_cap"] < 128 for p in rest)

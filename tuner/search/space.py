@@ -21,7 +21,8 @@ import optuna
 from tuner.errors import UsageError
 
 FAILURE_CLASSES = ("oom", "startup", "unhealthy", "crash")
-LIMIT_ROLES = ("max_batch", "prefill_batch_cap", "decode_batch_cap", "long_max_batch")
+LIMIT_ROLES = ("max_batch", "prefill_batch_cap", "decode_batch_cap", "long_max_batch",
+               "long_threshold")
 AUTO = "auto"  # `high: auto`: the bound is computed from the model and GPU (tuner.search.bounds)
 
 
@@ -128,9 +129,10 @@ class SearchSpace:
         return {p.name: p.distribution() for p in self.parameters}
 
     def limits(self) -> list[str]:
-        """The numbers that cap the requests of one step (batch caps): at the top of its range
-        each caps least.  Token budgets are not among them: a budget's forward takes memory
-        from the KV pool (`tuner.study.pool_trades`), so its top is not free."""
+        """The knobs that cap the requests of one step (batch caps, and the long-context
+        guard's threshold: the larger, the fewer requests it holds apart): at the top of its
+        range each caps least.  Token budgets are not among them: a budget's forward takes
+        memory from the KV pool (`tuner.study.pool_trades`), so its top is not free."""
         return [p.name for p in self.parameters if p.role in LIMIT_ROLES]
 
     def default_params(self) -> dict[str, Any]:

@@ -13,22 +13,26 @@ trials, 8B / RTX 4090 and Qwen): three levels per number (both ends, the middle)
 of every knob at its lower end; the hypercube is the design that did not fail a scenario.
 
 Why the first point opens the request caps: a cap on the requests of one step (the batch size, the
-prefill and decode caps, the long-context batch) caps least at the top of its range, which is what
-a server does with the cap unset.  The best configs of every scenario of
+prefill and decode caps, the long-context batch, and the long-context guard's threshold, which
+holds fewer requests apart the larger it is) caps least at the top of its range, which is what a
+server does with the cap unset.  The best configs of every scenario of
 benchmarks/search_efficiency.py have their caps in the upper half of their log ranges, and those of
 Qwen2.5-7B / L40S and Mistral-7B / A100 at the top (batch and decode caps at 128, prefill cap at
-35-64); four independent hypercube strata rarely put all caps there together: seeds ended 20 trials
-at 0.65-0.80 of the best with one cap at a tenth of its useful value.  So the first start-up point
-has every cap at its top and the rest of its knobs from the hypercube (where a cap must be low, TPE
-and the local moves find it as before).  The token budgets stay in the hypercube: a budget's
-forward takes memory from the KV pool (`tuner.study.pool_trades`), and opened too (b3c32b5) the
-point ran out of memory in 9 of 20 Qwen seeds and 12 of 20 70B seeds, and lost 8B and Qwen at 40
-trials.  Measured on 20 seeds (benchmarks/search_ab.py deaeb29 7cc2639), mean best/reference at 10
-/ 20 / 30 / 40 trials: 8B / RTX 4090 .786 / .896 / .927 / .954 -> .824 / .953 / .981 / .986 (10th
-percentile at 30 .676 -> .968), Qwen .634 / .772 / .936 / .973 -> .820 / .938 / .967 / .986,
-Llama-3.2-1B / RTX 3090 .840 / .935 / .973 / .988 -> .890 / .959 / .990 / .992, Mistral-7B / A100
-.472 / .812 / .950 / .981 -> .616 / .896 / .947 / .979, Llama-3.1-70B / H200 within .004 (there
-memory binds: the best configs run a ~3k-token prefill budget beside the smallest pool).
+35-64, Mistral's guard at 8192, above every prompt); four independent hypercube strata rarely put
+all caps there together: seeds ended 20 trials at 0.65-0.80 of the best with one cap at a tenth of
+its useful value.  So the first start-up point has every cap at its top (a categorical one at its
+largest choice) and the rest of its knobs from the hypercube (where a cap must be low, TPE and the
+local moves find it as before).  The token budgets stay in the hypercube: a budget's forward takes
+memory from the KV pool (`tuner.study.pool_trades`), and opened too (b3c32b5) the point ran out of
+memory in 9 of 20 Qwen seeds and 12 of 20 70B seeds, and lost 8B and Qwen at 40 trials.  Measured
+on 20 seeds (benchmarks/search_ab.py), mean best/reference at 10 / 20 / 30 / 40 trials, before
+(deaeb29), with the batch caps opened (7cc2639), and with the guard's threshold too (ffe5e75): 8B /
+RTX 4090 .786 / .896 / .927 / .954, .824 / .953 / .981 / .986, .854 / .954 / .981 / .984; Qwen .634
+/ .772 / .936 / .973, .820 / .938 / .967 / .986, .928 / .982 / .985 / .987; Mistral-7B / A100 .472
+/ .812 / .950 / .981, .616 / .896 / .947 / .979, .884 / .965 / .983 / .990; Llama-3.2-1B / RTX 3090
+.840 / .935 / .973 / .988, then .890 / .959 / .990 / .992 (its prompts, 8k-24k, are long at either
+threshold); Llama-3.1-70B / H200 within .005 throughout (there memory binds: the best configs run a
+~3k-token prefill budget beside the smallest pool).
 
 Why the upper half of the share: a pool under half of what fits is rarely the best one.  The
 throughput rises with the pool while the batch is KV-bound and is flat after, and a share above
@@ -82,8 +86,8 @@ class StartupDesign:
     def point(self, space: Mapping[str, BaseDistribution]) -> dict[str, Any]:
         """One start-up candidate: the open-limits corner first, then hypercube points."""
         out = {name: self.draw(name, dist) for name, dist in space.items()}
-        opened = {n: d.high for n, d in space.items() if n in self._limits
-                  and isinstance(d, (IntDistribution, FloatDistribution))}
+        opened = {n: top for n, d in space.items()
+                  if n in self._limits and (top := _top(d)) is not None}
         self._limits = set()
         return {**out, **opened}
 
@@ -103,3 +107,14 @@ class StartupDesign:
             low = max(SHARE_FLOOR, dist.low)
             return low + self._position(name) * (dist.high - low)
         return level(dist, self._position(name))
+
+
+def _top(dist: BaseDistribution) -> Any:
+    """A limit's least limiting value: its range's top, or its largest choice; None for
+    choices that have no order."""
+    if isinstance(dist, CategoricalDistribution):
+        numbers = [c for c in dist.choices
+                   if isinstance(c, (int, float)) and not isinstance(c, bool)]
+        return max(numbers) if numbers and len(numbers) == len(dist.choices) else None
+    assert isinstance(dist, (IntDistribution, FloatDistribution))
+    return dist.high
