@@ -75,7 +75,7 @@ def level(dist: IntDistribution | FloatDistribution, position: float) -> Any:
 class StartupDesign:
     """Draws of a Latin hypercube of `size` points: each knob's strata are used once, in an
     order of their own, before any is used again (rejected candidates use them up too).  The
-    first point has the `limits` (numbers that cap the work of a step) at their tops."""
+    first point has the `limits` (knobs that cap the requests of a step) at their tops."""
 
     def __init__(self, size: int, rng: random.Random, limits: Collection[str] = ()) -> None:
         self._size = max(2, size)
