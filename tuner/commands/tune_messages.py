@@ -29,10 +29,12 @@ def print_bounds(space: SearchSpace, pipeline: AdaptivePipeline) -> None:
         if p.high_auto and pipeline.capacity is not None:
             how = ("sampled as a share of the headroom the other knobs leave"
                    if pipeline.kv_edge is not None else "sampled as an absolute size")
-            edge = pipeline.kv_edge
-            floors = edge.floors() if edge is not None else {}
-            at = "; at least " + ", ".join(f"{n} at block size {b}" for b, n in floors.items()) \
-                + " (the workload's largest request)" if floors else ""
+            floors = pipeline.kv_edge.floors() if pipeline.kv_edge is not None else {}
+            at = ""
+            if floors:
+                at = "; at least " + ", ".join(f"{n} at block size {b}"
+                                               for b, n in floors.items())
+                at += " (the workload's largest request)"
             print(f"{p.name}: [{p.low:g}, {p.high:g}] for this model on a "
                   f"{pipeline.capacity / 2**30:.1f} GiB card (high: auto), {how}{at}")
 

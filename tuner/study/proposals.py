@@ -157,8 +157,8 @@ class GuidedSampler(BaseSampler):
         if top is None:   # nothing met the SLOs yet: climb from the run that missed least
             if start_up:
                 return None
-            move = self._ascent(trials, directions, search_space,
-                                lambda c: self._fresh(trials)(c, slack))
+            fresh = self._fresh(trials)
+            move = self._ascent(trials, directions, search_space, lambda c: fresh(c, slack))
             return None if move is None else (move, None)
         found = self._flip(top, trials, directions, search_space, slack, dead, start_up)
         if found is not None or start_up:
