@@ -97,7 +97,8 @@ def test_a_flip_that_fell_over_of_memory_is_paired_with_another_choice_roomiest_
     assert fell_over(flip, ran, "kv") and not fell_over(base, ran, "kv")
     never = [_rec({**base, "kv": 10}), _rec({**flip, "kv": 10}, outcome="startup")]
     assert fell_over(flip, never, "kv")   # a flip that never started is paired the same way
-    # the model gives larger blocks more room (it ranks; a pair it says cannot fit is kept)
+    # the model gives larger blocks more room (it ranks every pair; the proposals try those
+    # with room: see the test below)
     slack = lambda params: params["c"] - 200.0  # noqa: E731
     assert companions(flip, base, space, slack) == [{**flip, "c": 256}, {**flip, "c": 128}]
 
@@ -155,3 +156,33 @@ def test_the_local_move_after_a_flip_fell_over_of_memory_is_that_flip_with_a_com
     params, pool = sampler._local(ran, [StudyDirection.MAXIMIZE], GRAPHS, fits, set(),
                                   start_up=False)
     assert params == {**base, "g": True, "c": 128} and pool is None
+
+
+def test_a_flip_that_fell_over_of_memory_is_paired_where_the_model_says_it_fits():
+    """Graphs take 60 of the card's room, 256-token blocks give back 40, x costs 2 a unit and
+    the incumbent's pool 10: first the companion with room (256-token blocks), then the relief
+    (x lowered to the largest value that fits at that pool: 15), never the 128-token companion
+    the model says cannot fit."""
+    from optuna.distributions import FloatDistribution
+
+    from tuner.study.proposals import GuidedSampler
+
+    def slack(p):
+        return 100 - 2 * p["x"] - 60 * p["g"] + (40 if p["c"] == 256 else 0)
+
+    class Edge:
+        param = type("P", (), {"name": "kv"})()
+
+        def room_at(self, trials):
+            return lambda p, pool: slack(p) - pool / 10
+
+        def carried(self, value, source, target):
+            return value
+
+    space = {**GRAPHS, "y": FloatDistribution(0.0, 1.0), "kv_share": FloatDistribution(0.0, 1.0)}
+    base = {"x": 32, "y": 0.5, "c": 16, "g": False, "kv_share": 0.5}
+    top = _rec({**base, "kv": 100}, value=2.0)
+    sampler = GuidedSampler(optuna.samplers.RandomSampler(seed=0), None, startup=0, seed=0,
+                            edge=Edge())  # type: ignore[arg-type]
+    pairs = sampler._pairs({**base, "g": True}, top, base, [top], space, slack)
+    assert pairs == [{**base, "g": True, "c": 256}, {**base, "g": True, "x": 15}]

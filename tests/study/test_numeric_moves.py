@@ -9,7 +9,7 @@ from optuna.study import StudyDirection
 
 from tuner.study.ascent import ascent_move
 from tuner.study.local_moves import STEP_SCALE
-from tuner.study.pool_trades import pool_trade
+from tuner.study.pool_trades import pool_trade, reliefs
 from tuner.study.record import TrialRecord
 
 SPACE = {"cap": IntDistribution(1, 128, log=True), "y": FloatDistribution(0.0, 1.0),
@@ -99,3 +99,19 @@ def test_while_no_run_met_its_slo_a_local_turn_climbs_from_the_run_that_missed_l
     study.ask({k: SPACE[k] for k in SPACE})           # trial 7: a draw
     again = study.ask({k: SPACE[k] for k in SPACE})   # trial 8: no second ascent from run 5
     assert again.params != first.params
+
+
+def test_a_relief_lowers_one_number_to_the_largest_value_the_memory_model_fits():
+    """A flip that ran out of memory; need = budget + 100 x cap.  At the incumbent's pool the
+    card leaves 12000: the budget falls to the largest value within it.  No cap gets there
+    (cap 1 still needs 16484), so cap falls to what fits at all (16500); y frees nothing."""
+    flip = {"cap": 8, "y": 0.5, "budget": 16384}
+    need = lambda c: c["budget"] + 100 * c["cap"]  # noqa: E731
+    at_pool = lambda c: need(c) <= 12000           # noqa: E731
+    anywhere = lambda c: need(c) <= 16500          # noqa: E731
+    by_budget, by_cap = reliefs(flip, SPACE, [at_pool, anywhere])   # the smaller move first
+    assert by_budget["cap"] == 8 and by_budget["y"] == 0.5
+    assert at_pool(by_budget) and by_budget["budget"] >= 0.99 * (12000 - 800)   # a bisection
+    assert by_cap == {**flip, "cap": 1}
+    assert reliefs({**flip, "budget": 8192}, SPACE, [at_pool]) == []   # it fits already
+    assert reliefs(flip, SPACE, [lambda c: need(c) <= 1000]) == []     # nothing fits

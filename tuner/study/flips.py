@@ -36,14 +36,16 @@ out of memory, graphs with 128-token blocks ran and were 7% faster; the graph fl
 incumbent with small blocks ran out, its calibration then put every graph config over the card,
 and 2 of 3 seeds ended 40 trials at 0.93 of the best.  So a flip that ran out of memory is
 tried again with one more categorical knob changed, the pair the memory model gives the most
-room first (it ranks them, it does not forbid one: it has just been told that the flip does not
-fit).  On 70B / H200 (30 seeds) the median at 30 measured trials rose from 0.93 to 1.00 of the
-best known, at the cost of more OOM launches (26% of the trials after the first 5, from 19%);
-the other scenarios never met such a flip and ran unchanged.  A flip that failed to start is
-paired the same way: the seed's RTX 4090 compiled block size 128 without CUDA graphs but not
-with them, and on the 8B / RTX 4090 scenario an incumbent with 128-token blocks had its graph
-flip fail twice and never tried graphs at another block size (in one study, which ended 40
-trials at 0.88 of the best).
+room first.  On 70B / H200 (30 seeds) the median at 30 measured trials rose from 0.93 to 1.00
+of the best known, at the cost of more OOM launches (26% of the trials after the first 5, from
+19%); the other scenarios never met such a flip and ran unchanged.  Since the flip can also be
+paired with a lowered number (`tuner.study.pool_trades.reliefs`), only pairs the model says can
+fit are tried: on the 70B / H200 scenario the others ran out of memory one after another (one
+study launched the graph flip with four block sizes in turn; each OOM).  A flip that failed to
+start is paired the same way: the seed's RTX 4090 compiled block size 128 without CUDA graphs
+but not with them, and on the 8B / RTX 4090 scenario an incumbent with 128-token blocks had
+its graph flip fail twice and never tried graphs at another block size (in one study, which
+ended 40 trials at 0.88 of the best).
 
 Why winners again: a comparison settles a knob for the incumbent it was made on, not for the
 next one.  On Llama-3.2-1B / RTX 3090 (8k-24k prompts) CUDA graphs won their comparison by 40%
@@ -192,7 +194,8 @@ def companions(cand: Mapping[str, Any], base: Mapping[str, Any],
                space: Mapping[str, BaseDistribution],
                slack: Callable[[dict[str, Any]], float]) -> list[dict[str, Any]]:
     """`cand`, a flip of `base`, with one more categorical knob changed: every such pair, the
-    one whose need leaves the most room on the card (`slack`) first."""
+    one whose need leaves the most room on the card (`slack`) first (the proposals try those
+    with room: `tuner.study.proposals.GuidedSampler._pairs`)."""
     flipped = {k for k in cand if cand[k] != base.get(k)}
     out = []
     for name, dist in space.items():

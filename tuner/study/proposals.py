@@ -43,7 +43,7 @@ from tuner.study import design
 from tuner.study.ascent import ascent_move
 from tuner.study.flips import at_pool, companions, controlled_flips, fell_over, untried_flips
 from tuner.study.local_moves import incumbents, inert_knobs, neighbour, pattern_move
-from tuner.study.pool_trades import pool_trade
+from tuner.study.pool_trades import pool_trade, reliefs
 from tuner.study.record import KV_SHARE, TrialRecord, config_key, records
 from tuner.trial.kv_share import KvEdge
 
@@ -191,10 +191,27 @@ class GuidedSampler(BaseSampler):
             if (found := probe(cand, slack)) is not None:
                 return found
             if fell_over(cand, trials, kv_name):
-                for pair in companions(cand, base, search_space, slack):
+                for pair in self._pairs(cand, top, base, trials, search_space, slack):
                     if (found := probe(pair, permissive)) is not None:
                         return found
         return None
+
+    def _pairs(self, cand: dict[str, Any], top: TrialRecord, base: dict[str, Any],
+               trials: Sequence[TrialRecord], search_space: dict[str, BaseDistribution],
+               slack: Slack) -> list[dict[str, Any]]:
+        """What to try for a flip that ran out of memory or never started: its companions
+        that the memory model says fit (`companions`), then its reliefs
+        (`tuner.study.pool_trades.reliefs`)."""
+        pairs = companions(cand, base, search_space, slack)
+        fitting = [p for p in pairs if slack(p) >= 0]
+        eased: list[dict[str, Any]] = []
+        if self._edge is not None and KV_SHARE in cand:
+            room = self._edge.room_at(trials)
+            rest = {k: v for k, v in cand.items() if k != KV_SHARE}
+            pool = self._edge.carried(int(top.params[self._edge.param.name]), top.params, rest)
+            eased = reliefs(cand, search_space,
+                            [lambda c: room(c, pool) >= 0, lambda c: slack(c) >= 0])
+        return [*fitting, *eased]
 
     def _numeric(self, top: TrialRecord, trials: Sequence[TrialRecord],
                  directions: Sequence[Any], search_space: dict[str, BaseDistribution],

@@ -165,11 +165,17 @@ class KvEdge:
 
     def slack_of(self, trials: Sequence[TrialRecord]) -> Callable[[dict[str, Any]], float]:
         """Per config: the card's bytes the calibrated need leaves at the smallest pool (> 0:
-        the config can fit at all); the calibration is computed once for many configs.  As in
-        the pre-screen, a need no larger than that of a config seen healthy fits, whatever
-        the calibration says: when OOMs and healthy runs disagree on the forward scale (the
-        estimate's error differs between configs), the scale sides with the OOMs, and on
-        Llama-3.1-70B / H200 the filter then turned away 291 of 496 candidates that run."""
+        the config can fit at all); see `room_at`."""
+        room = self.room_at(trials)
+        return lambda params: room(params, self._grid(params)[0])
+
+    def room_at(self, trials: Sequence[TrialRecord]) -> Callable[[dict[str, Any], int], float]:
+        """Per config and KV value: the card's bytes the calibrated need leaves (the
+        calibration is computed once for many configs).  As in the pre-screen, a need no
+        larger than that of a config seen healthy fits, whatever the calibration says: when
+        OOMs and healthy runs disagree on the forward scale (the estimate's error differs
+        between configs), the scale sides with the OOMs, and on Llama-3.1-70B / H200 the
+        filter then turned away 291 of 496 candidates that run."""
         cal = calibrate(trials, self.capacity)
         runtimes = {g: calibrated_runtime(trials, g) for g in (False, True)}
 
@@ -181,10 +187,10 @@ class KvEdge:
                     if t.outcome in HEALTHY and not t.unmeasured and name in t.params),
                    default=0.0)
 
-        def slack(params: dict[str, Any]) -> float:
-            n = need(params, self._grid(params)[0])
+        def room(params: dict[str, Any], value: int) -> float:
+            n = need(params, value)
             return max(self.capacity - n, held - n)
-        return slack
+        return room
 
     def value(self, params: dict[str, Any], share: float, trials: Sequence[TrialRecord]) -> int:
         """The KV knob's value at `share` of the way from its lower bound to the edge."""
