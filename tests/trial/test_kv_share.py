@@ -12,7 +12,7 @@ from tuner.search.bounds import resolve_space
 from tuner.search.model import load_model_info
 from tuner.search.space_file import load_space
 from tuner.study.record import TrialRecord
-from tuner.trial.kv_calibration import Calibration, calibrate
+from tuner.trial.kv_calibration import MIN_STEP, Calibration, calibrate
 from tuner.trial.kv_share import KvEdge, kv_param, runnable
 from tuner.trial.memory_estimate import Estimate, estimate, knobs_from_params
 from tuner.trial.prescreen import estimate_attr
@@ -48,6 +48,8 @@ def test_forward_scale_is_bisected_between_oom_and_healthy_runs():
     oom = _trial(_est(6.0, 1.0), "oom")            # proves k > (24 - 15 - 6 - 2) / 1 = 1
     cal = calibrate([oom, _trial(_est(4.0, 1.0), "ok")], CAP)   # proves k <= 3
     assert cal.scale["c"] == (1.0, 3.0)
+    # the OOM's bound is tight, the healthy run's loose: a step up from the OOM's, not the middle
+    assert math.isclose(cal.k("c"), 1.0 + MIN_STEP)
     oom2 = _trial(_est(5.0, 1.0), "oom")           # k > 2: with no healthy bound, gallop
     assert calibrate([oom2], CAP).k("c") == 3.0
     assert calibrate([oom2, _trial(_est(4.5, 1.0), "ok")], CAP).k("c") == 2.25

@@ -49,9 +49,8 @@ class Calibration:
         healthy = min(hi, 1.0)  # the estimate, or less where healthy runs proved it over
         if lo < healthy:    # an OOM never makes the scale smaller than the healthy runs alone
             return healthy  # would: on 70B / H200 one did, and the filter admitted OOMs
-        if hi == math.inf:  # galloping: double the under-estimate proven so far
-            return lo + max(lo - 1.0, MIN_STEP)
-        return (lo + hi) / 2
+        gallop = lo + max(lo - 1.0, MIN_STEP)   # double the under-estimate proven so far
+        return min(gallop, (lo + hi) / 2)       # never past the middle of the bracket
 
 
 def mechanism(cell: str, graph: bool) -> str:

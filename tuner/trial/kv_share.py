@@ -14,9 +14,16 @@ The edge moves as the study learns (the seed's walk, 96 -> 80 -> 64 blocks, done
 * forward scale, per mechanism (`tuner.trial.kv_calibration`: the cell, CUDA graphs or not): the
   estimate's transient bytes are multiplied by `k`.  An OOM at a config whose static need is
   S and forward F proves k > (card - S) / F; a healthy run proves k <= (card - S) / F.  The
-  edge uses the midpoint of that interval (a bisection of the model error), or twice the lower
-  bound while no healthy run bounds it from above.  With no OOM seen, k = 1 or what healthy
-  runs proved below it, and an OOM never lowers k below that;
+  edge uses the lower bound plus the under-estimate it proves (at least `MIN_STEP`: twice the
+  under-estimate), never past the middle of the interval.  With no OOM seen, k = 1 or what
+  healthy runs proved below it, and an OOM never lowers k below that.  Why not the middle
+  itself: an OOM near the edge bounds k tightly, a healthy run far below the edge loosely.  On
+  the 8B / RTX 4090 scenario one graph OOM proved k > 1.004 and a healthy run at a small pool
+  k <= 1.55; the middle, 1.28, put the graph edge of the incumbent's knobs at 10.2k tokens
+  where 14.3k ran, at the best throughput of the scenario, and the seed ended 40 trials at
+  0.86 of it.  Measured on 20 seeds (benchmarks/search_ab.py), mean best at 20 / 30 / 40
+  trials: 8B .954 / .981 / .984 -> .966 / .994 / .997 (10th percentile at 40
+  .972 -> .995); Llama-3.2-1B at 20 .959 -> .966; Qwen, Mistral and 70B within .003;
 * the real edge of one config's other knobs: once they ran healthy at one pool and out of
   memory at a larger one, the edge is the midpoint of that bracket until it is narrower than
   `EDGE_TOL` (a bisection against the stress cell, which runs first), then the pool that held.
