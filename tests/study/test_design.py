@@ -57,3 +57,15 @@ def test_the_first_point_has_every_request_cap_at_the_top_and_only_the_first():
     assert first["max_num_batched_tokens"] < 32768 and first["block_size"] in (16, 256)
     rest = [design.point(dists) for _ in range(9)]
     assert all(p["max_batch_size"] < 128 or p["decode_batch_cap"] < 128 for p in rest)
+
+
+def test_a_study_that_has_its_corner_draws_no_second_one():
+    """A resumed study, or a second worker, builds a new design; the corner is not repeated."""
+    dists = {"max_batch_size": IntDistribution(1, 128, log=True),
+             "decode_batch_cap": IntDistribution(1, 128, log=True)}
+    limits = ("max_batch_size", "decode_batch_cap")
+    corner = {"max_batch_size": 128, "decode_batch_cap": 128}
+    fresh = StartupDesign(10, random.Random(3), limits).point(dists, [{"max_batch_size": 128}])
+    assert fresh == corner                  # a config with one cap open is not the corner
+    again = StartupDesign(10, random.Random(3), limits).point(dists, [{**corner, "x": 1}])
+    assert again != corner and max(again.values()) <= 128

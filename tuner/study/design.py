@@ -22,9 +22,11 @@ Qwen2.5-7B / L40S and Mistral-7B / A100 at the top (batch and decode caps at 128
 all caps there together: seeds ended 20 trials at 0.65-0.80 of the best with one cap at a tenth of
 its useful value.  So the first start-up point has every cap at its top (a categorical one at its
 largest choice) and the rest of its knobs from the hypercube (where a cap must be low, TPE and the
-local moves find it as before).  The token budgets stay in the hypercube: a budget's forward takes
-memory from the KV pool (`tuner.study.pool_trades`), and opened too (b3c32b5) the point ran out of
-memory in 9 of 20 Qwen seeds and 12 of 20 70B seeds, and lost 8B and Qwen at 40 trials.  Measured
+local moves find it as before), once per study: a resumed study or a further worker builds a
+design of its own and skips the corner when a config of the study already has it.  The token
+budgets stay in the hypercube: a budget's forward takes memory from the KV pool
+(`tuner.study.pool_trades`), and opened too (b3c32b5) the point ran out of memory in 9 of 20
+Qwen seeds and 12 of 20 70B seeds, and lost 8B and Qwen at 40 trials.  Measured
 on 20 seeds (benchmarks/search_ab.py), mean best/reference at 10 / 20 / 30 / 40 trials, before
 (deaeb29), with the batch caps opened (7cc2639), and with the guard's threshold too (ffe5e75): 8B /
 RTX 4090 .786 / .896 / .927 / .954, .824 / .953 / .981 / .986, .854 / .954 / .981 / .984; Qwen .634
@@ -43,7 +45,7 @@ from __future__ import annotations
 
 import math
 import random
-from collections.abc import Collection, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from typing import Any
 
 from optuna.distributions import (
@@ -83,12 +85,16 @@ class StartupDesign:
         self._strata: dict[str, list[int]] = {}
         self._limits = set(limits)
 
-    def point(self, space: Mapping[str, BaseDistribution]) -> dict[str, Any]:
-        """One start-up candidate: the open-limits corner first, then hypercube points."""
+    def point(self, space: Mapping[str, BaseDistribution],
+              seen: Iterable[Mapping[str, Any]] = ()) -> dict[str, Any]:
+        """One start-up candidate: the open-limits corner first, unless a config of the study
+        (`seen`: a resumed study's, another worker's) already has it; then hypercube points."""
         out = {name: self.draw(name, dist) for name, dist in space.items()}
         opened = {n: top for n, d in space.items()
                   if n in self._limits and (top := _top(d)) is not None}
         self._limits = set()
+        if opened and any(all(p.get(n) == v for n, v in opened.items()) for p in seen):
+            return out
         return {**out, **opened}
 
     def _position(self, name: str) -> float:

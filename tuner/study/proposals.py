@@ -281,7 +281,8 @@ class GuidedSampler(BaseSampler):
         params = self._base.sample_relative(study, trial, search_space)
         if params:
             return params
-        return self._design.point(search_space)
+        return self._design.point(search_space,
+                                  (t.params for t in study.get_trials(deepcopy=False)))
 
     def sample_independent(self, study: optuna.Study, trial: FrozenTrial, param_name: str,
                            param_distribution: BaseDistribution) -> Any:
