@@ -77,7 +77,7 @@ LAUNCH_S = 60.0
 CHUNKS = 64       # ground-truth work items: enough to keep a many-core machine busy to the end
 TUNER_ONLY = {"study/proposals.py", "study/local_moves.py", "study/design.py",  # run by the
               "study/ascent.py", "study/pool_trades.py",
-              "study/choices.py", "study/flips.py", "trial/kv_share.py",
+              "study/dead_choices.py", "study/flips.py", "trial/kv_share.py",
               "trial/kv_calibration.py"}  # tuner only
 
 

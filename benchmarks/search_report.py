@@ -49,7 +49,9 @@ def scenario_table(sc: Scenario, results: list[dict[str, Any]], best: float,
         if budget == 20 and statistics.median(tv) < 0.90:
             fails.append(f"at 20: median {statistics.median(tv):.3f} (>= 0.90)")
         if wins < math.ceil(0.9 * n_seeds):
-            fails.append(f"at {budget}: beats random in {wins}/{n_seeds} (>= 9/10)")
+            ties = sum(ratios["tuner"][s] == rnd[s] for s in rnd)
+            fails.append(f"at {budget}: beats random in {wins}/{n_seeds} (>= 9/10; "
+                         f"{ties} tied)")
     rows = [r for s in per["tuner"].values() for r in prefix(s, BUDGETS[-1])]
     away = [a for r in results if r["method"] == "tuner" for a in r.get("away", [])]
     away_oom, away_ok = away.count("oom"), sum(a in ("ok", "slo") for a in away)

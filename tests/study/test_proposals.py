@@ -8,7 +8,7 @@ from optuna.distributions import CategoricalDistribution, FloatDistribution, Int
 from optuna.study import StudyDirection
 
 from tuner.study.local_moves import incumbents, inert_knobs, neighbour
-from tuner.study.proposals import GuidedSampler, dead_choices, guided
+from tuner.study.proposals import GuidedSampler, guided
 from tuner.study.record import TrialRecord
 
 SPACE = {"x": IntDistribution(1, 128, log=True), "y": FloatDistribution(0.0, 1.0),
@@ -39,28 +39,6 @@ def test_incumbents_are_the_feasible_non_dominated_trials():
     failed = _record({"x": 3}, outcome="oom", value=9.0)
     assert [t.params["x"] for t in incumbents([a, b, failed], [StudyDirection.MAXIMIZE])] == [2]
     assert [t.params["x"] for t in incumbents([a, b], [StudyDirection.MINIMIZE])] == [1]
-
-
-def test_a_choice_that_never_started_is_dead_after_two_tries():
-    tries = [_record({"c": 128}, outcome="startup")]
-    assert dead_choices(tries, SPACE) == set()
-    tries.append(_record({"c": 128}, outcome="startup"))
-    assert dead_choices(tries, SPACE) == {("c", 128)}
-    tries.append(_record({"c": 128}, outcome="ok"))   # it did start once: not the value's fault
-    assert dead_choices(tries, SPACE) == set()
-
-
-def test_a_failure_two_untried_choices_share_blames_neither():
-    """c=128 failed twice, each time beside x=64, which never started either: either may be the
-    cause.  Once c=128 fails beside a value that did start, it alone is to blame."""
-    space = {"c": SPACE["c"], "x": CategoricalDistribution([1, 64])}
-    tries = [_record({"c": 128, "x": 64}, outcome="startup") for _ in range(2)]
-    tries.append(_record({"c": 16, "x": 1}))
-    assert dead_choices(tries, space) == set()
-    tries.append(_record({"c": 128, "x": 1}, outcome="startup"))
-    assert dead_choices(tries, space) == {("c", 128)}
-    tries.append(_record({"c": 16, "x": 64}))   # x=64 starts: c=128 was the only cause
-    assert dead_choices(tries, space) == {("c", 128)}
 
 
 def _objective(trial):

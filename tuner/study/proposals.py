@@ -34,13 +34,14 @@ from collections.abc import Callable, Collection, Sequence
 from typing import Any
 
 import optuna
-from optuna.distributions import BaseDistribution, CategoricalDistribution
+from optuna.distributions import BaseDistribution
 from optuna.samplers import BaseSampler, RandomSampler
 from optuna.study import StudyDirection
 from optuna.trial import FrozenTrial, TrialState
 
 from tuner.study import design
 from tuner.study.ascent import ascent_move
+from tuner.study.dead_choices import Dead, avoiding, dead_choices
 from tuner.study.flips import at_pool, companions, controlled_flips, fell_over, untried_flips
 from tuner.study.local_moves import incumbents, inert_knobs, neighbour, pattern_move
 from tuner.study.pool_trades import pool_trade, reliefs
@@ -48,7 +49,6 @@ from tuner.study.record import KV_SHARE, TrialRecord, config_key, records
 from tuner.trial.kv_share import KvEdge
 
 TRIES = 16      # candidates drawn per proposal at most (one TPE draw costs ~10 ms)
-DEAD_AFTER = 2  # start-up failures, with no start, that mark a categorical choice dead
 
 Slack = Callable[[dict[str, Any]], float]
 Local = tuple[dict[str, Any], int | None]   # a local move's params, and the pool it is pinned to
@@ -57,37 +57,6 @@ SlackOf = Callable[[Sequence[TrialRecord]], Slack]
 
 def _fits_always(trials: Sequence[TrialRecord]) -> Slack:
     return lambda params: 0.0
-
-
-def dead_choices(trials: Sequence[TrialRecord],
-                 search_space: dict[str, BaseDistribution]) -> set[tuple[str, Any]]:
-    """(knob, choice) pairs that failed to start in `DEAD_AFTER` trials and never started: a
-    value the server rejects (the seed's block size 128 did not compile), whatever the rest.
-    A choice is not blamed while another never-started choice was in every one of its failures:
-    either could be the cause, and a dead choice is never proposed again."""
-    pairs = [(n, c) for n, d in search_space.items() if isinstance(d, CategoricalDistribution)
-             for c in d.choices]
-    launched = [t for t in trials if t.outcome != "skipped"]
-    never = {(n, c) for n, c in pairs
-             if all(t.outcome == "startup" for t in launched if t.params.get(n) == c)}
-    out = set()
-    for name, choice in never:
-        failed = [t for t in launched if t.params.get(name) == choice]
-        if len(failed) < DEAD_AFTER:
-            continue
-        suspects = set.intersection(*({(n, c) for n, c in never if t.params.get(n) == c}
-                                      for t in failed))
-        if suspects == {(name, choice)}:
-            out.add((name, choice))
-    return out
-
-
-def _avoiding(dead: set[tuple[str, Any]], slack: Slack) -> Slack:
-    """`slack`, but minus infinity for a config with a dead choice."""
-    if not dead:
-        return slack
-    return lambda params: (-math.inf if any(params.get(n) == c for n, c in dead)
-                           else slack(params))
 
 
 class GuidedSampler(BaseSampler):
@@ -121,7 +90,7 @@ class GuidedSampler(BaseSampler):
             return self._base.sample_relative(study, trial, search_space)
         trials = records(study, (TrialState.COMPLETE,))
         dead = dead_choices(trials, search_space)
-        slack = _avoiding(dead, self._slack_of(trials))
+        slack = avoiding(dead, self._slack_of(trials))
         # alternate by trial number: handed out atomically, so workers of one study alternate too
         if trial.number % 2 == 0:
             local = self._local(trials, study.directions, search_space, slack, dead,
@@ -148,7 +117,7 @@ class GuidedSampler(BaseSampler):
 
     def _local(self, trials: Sequence[TrialRecord], directions: Sequence[Any],
                search_space: dict[str, BaseDistribution], slack: Slack,
-               dead: set[tuple[str, Any]], start_up: bool) -> Local | None:
+               dead: Dead, start_up: bool) -> Local | None:
         """A neighbour of an incumbent that was not run yet, and the pool to pin it to (flips
         only): a flip (`_flip`), else, after the start-up, a move of the numbers (`_numeric`);
         while no run met the SLOs, an ascent from the run that missed least
@@ -166,7 +135,7 @@ class GuidedSampler(BaseSampler):
         return self._numeric(top, trials, directions, search_space, slack)
 
     def _flip(self, top: TrialRecord, trials: Sequence[TrialRecord], directions: Sequence[Any],
-              search_space: dict[str, BaseDistribution], slack: Slack, dead: set[tuple[str, Any]],
+              search_space: dict[str, BaseDistribution], slack: Slack, dead: Dead,
               start_up: bool) -> Local | None:
         """First a choice never launched (`untried_flips`, whatever the memory model says;
         during the start-up only one the memory filter has turned away), then after the
@@ -179,7 +148,7 @@ class GuidedSampler(BaseSampler):
         def probe(cand: dict[str, Any], fits: Slack) -> Local | None:
             params, pool = at_pool(cand, top, self._edge, trials)
             return (params, pool) if fresh(params, fits, pool) else None
-        permissive = _avoiding(dead, _fits_always(trials))
+        permissive = avoiding(dead, _fits_always(trials))
         for cand in untried_flips(base, trials, search_space):
             if not start_up or self._hidden(cand, base):
                 if (found := probe(cand, permissive)) is not None:
