@@ -37,7 +37,7 @@ from typing import Any
 
 from optuna.distributions import BaseDistribution, FloatDistribution, IntDistribution
 
-from tuner.study.local_moves import STEP_SCALE, shift
+from tuner.study.local_moves import STEP_SCALE, position, shift
 from tuner.study.record import KV_SHARE, TrialRecord
 from tuner.trial.kv_share import EDGE_TOL, KvEdge
 
@@ -89,13 +89,13 @@ def reliefs(cand: Mapping[str, Any], space: Mapping[str, BaseDistribution],
         for ok in fits:
             if ok(dict(cand)) or not ok({**cand, name: dist.low}):
                 continue
-            lo, hi = 0.0, _position(cand[name], dist)   # invariant: fits at lo, not at hi
+            lo, hi = 0.0, position(cand[name], dist)   # invariant: fits at lo, not at hi
             for _ in range(RELIEF_STEPS):
                 mid = (lo + hi) / 2
                 lo, hi = (mid, hi) if ok({**cand, name: _value(mid, dist)}) else (lo, mid)
             value = _value(lo, dist)
             if value < cand[name]:
-                out.append((_position(cand[name], dist) - lo, {**cand, name: value}))
+                out.append((position(cand[name], dist) - lo, {**cand, name: value}))
             break
     return [c for _, c in sorted(out, key=lambda mc: mc[0])]
 
@@ -105,18 +105,11 @@ def _numbers(space: Mapping[str, BaseDistribution], params: Mapping[str, Any]) -
             and isinstance(d, (IntDistribution, FloatDistribution)) and n in params]
 
 
-def _position(value: float, dist: IntDistribution | FloatDistribution) -> float:
-    """Where `value` sits in the range, 0 to 1, on the knob's log or linear scale."""
+def _value(at: float, dist: IntDistribution | FloatDistribution) -> Any:
+    """The knob's value at position `at` (`tuner.study.local_moves.position`), rounded down
+    onto its grid."""
     low, high = float(dist.low), float(dist.high)
-    if dist.log:
-        return math.log(float(value) / low) / math.log(high / low)
-    return (float(value) - low) / (high - low)
-
-
-def _value(position: float, dist: IntDistribution | FloatDistribution) -> Any:
-    """The knob's value at `position` (see `_position`), rounded down onto its grid."""
-    low, high = float(dist.low), float(dist.high)
-    x = low * (high / low) ** position if dist.log else low + position * (high - low)
+    x = low * (high / low) ** at if dist.log else low + at * (high - low)
     step = dist.step
     if step is None:
         return min(high, x)
