@@ -31,12 +31,12 @@ throughput there (58.9 against 80.3 tok/s), a two-knob interaction no flip tests
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from optuna.distributions import BaseDistribution, FloatDistribution, IntDistribution
 
+from tuner.study.design import level
 from tuner.study.local_moves import STEP_SCALE, position, shift
 from tuner.study.record import KV_SHARE, TrialRecord
 from tuner.trial.kv_share import EDGE_TOL, KvEdge
@@ -92,8 +92,8 @@ def reliefs(cand: Mapping[str, Any], space: Mapping[str, BaseDistribution],
             lo, hi = 0.0, position(cand[name], dist)   # invariant: fits at lo, not at hi
             for _ in range(RELIEF_STEPS):
                 mid = (lo + hi) / 2
-                lo, hi = (mid, hi) if ok({**cand, name: _value(mid, dist)}) else (lo, mid)
-            value = _value(lo, dist)
+                lo, hi = (mid, hi) if ok({**cand, name: level(dist, mid)}) else (lo, mid)
+            value = level(dist, lo)
             if value < cand[name]:
                 out.append((position(cand[name], dist) - lo, {**cand, name: value}))
             break
@@ -103,16 +103,3 @@ def reliefs(cand: Mapping[str, Any], space: Mapping[str, BaseDistribution],
 def _numbers(space: Mapping[str, BaseDistribution], params: Mapping[str, Any]) -> list[str]:
     return [n for n, d in space.items() if n != KV_SHARE and not d.single()
             and isinstance(d, (IntDistribution, FloatDistribution)) and n in params]
-
-
-def _value(at: float, dist: IntDistribution | FloatDistribution) -> Any:
-    """The knob's value at position `at` (`tuner.study.local_moves.position`), rounded down
-    onto its grid."""
-    low, high = float(dist.low), float(dist.high)
-    x = low * (high / low) ** at if dist.log else low + at * (high - low)
-    step = dist.step
-    if step is None:
-        return min(high, x)
-    n = math.floor((x - low) / step + 1e-9)
-    v = min(high, low + n * step)
-    return int(v) if isinstance(dist, IntDistribution) else v
