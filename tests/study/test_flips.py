@@ -186,3 +186,32 @@ def test_a_flip_that_fell_over_of_memory_is_paired_where_the_model_says_it_fits(
                             edge=Edge())  # type: ignore[arg-type]
     pairs = sampler._pairs({**base, "g": True}, top, base, [top], space, slack)
     assert pairs == [{**base, "g": True, "c": 256}, {**base, "g": True, "x": 15}]
+
+
+def test_a_flip_the_model_rules_out_everywhere_runs_once_at_the_floor_of_its_roomiest_number():
+    """Graphs ran only once, out of memory with other knobs, and the model fits them at no
+    value of any number: the local move is the graph flip with x (whose floor frees the most
+    room) at its lowest value; once that ran, y's floor; none once graphs ran healthy."""
+    from optuna.distributions import FloatDistribution
+    from optuna.study import StudyDirection
+
+    from tuner.study.pool_trades import floor_relief
+    from tuner.study.proposals import GuidedSampler
+
+    def slack(p):
+        return -10.0 - p["x"] - p["y"] if p["g"] else 1.0
+
+    space = {**GRAPHS, "y": FloatDistribution(0.0, 1.0)}
+    base = {"x": 32, "y": 0.5, "c": 16, "g": False}
+    ran = [_rec(base, value=2.0), _rec({**base, "c": 128}, value=1.0),
+           _rec({**base, "c": 256}, value=1.5),
+           _rec({"x": 100, "y": 0.9, "c": 256, "g": True}, outcome="oom")]
+    sampler = GuidedSampler(optuna.samplers.RandomSampler(seed=0), None, startup=0, seed=0)
+    params, pool = sampler._local(ran, [StudyDirection.MAXIMIZE], space, slack, set(),
+                                  start_up=False)
+    assert params == {**base, "g": True, "x": 1} and pool is None
+    flip = {**base, "g": True}
+    assert floor_relief(flip, base, space, [*ran, _rec(params, outcome="oom")], slack) == \
+        [{**flip, "y": 0.0}]
+    healthy = _rec({"x": 100, "y": 0.9, "c": 256, "g": True}, value=0.5)
+    assert floor_relief(flip, base, space, [*ran, healthy], slack) == []

@@ -4,12 +4,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import optuna
-from optuna.distributions import FloatDistribution, IntDistribution
+from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution
 from optuna.study import StudyDirection
 
 from tuner.study.ascent import ascent_move
 from tuner.study.local_moves import STEP_SCALE
-from tuner.study.pool_trades import pool_trade, reliefs
+from tuner.study.pool_trades import floor_relief, pool_trade, reliefs
 from tuner.study.record import TrialRecord
 
 SPACE = {"cap": IntDistribution(1, 128, log=True), "y": FloatDistribution(0.0, 1.0),
@@ -115,3 +115,22 @@ def test_a_relief_lowers_one_number_to_the_largest_value_the_memory_model_fits()
     assert by_cap == {**flip, "cap": 1}
     assert reliefs({**flip, "budget": 8192}, SPACE, [at_pool]) == []   # it fits already
     assert reliefs(flip, SPACE, [lambda c: need(c) <= 1000]) == []     # nothing fits
+
+
+def test_a_floor_relief_needs_a_choice_that_never_ran_healthy_and_a_number_not_yet_at_floor():
+    """The flipped choice (g) ran only out of memory, once with cap at its floor: the floor
+    relief is the roomiest other number's (need grows with budget and y); a healthy run of the
+    choice, whatever its numbers, ends it."""
+    space = {**SPACE, "g": CategoricalDistribution([False, True])}
+    dists = {**space, "kv_share": FloatDistribution(0.0, 1.0)}
+
+    def run(params, outcome):
+        return TrialRecord.of(optuna.trial.create_trial(
+            params=params, distributions={k: dists[k] for k in params}, values=[1.0],
+            user_attrs={"outcome": outcome}))
+    base = {"cap": 8, "y": 0.5, "budget": 16384, "g": False}
+    flip = {**base, "g": True}
+    oom = [run({**flip, "cap": 1}, "oom")]
+    room = lambda c: -c["budget"] - 1000 * c["y"]  # noqa: E731
+    assert floor_relief(flip, base, space, oom, room) == [{**flip, "budget": 1024}]
+    assert floor_relief(flip, base, space, [*oom, run({**flip, "y": 0.9}, "slo")], room) == []

@@ -24,9 +24,28 @@ the smallest pool.  The model has just been corrected by the flip's OOM, and a r
 out of memory corrects it again, so the next relief lowers further.  Measured on 20 seeds
 (benchmarks/search_ab.py), with the companions the model says cannot fit no longer tried: on
 70B, OOM launches after the first 5 trials 10.6% -> 8.3%, mean best at 30 / 40 trials
-.965 / .967 -> .968 / .970; the other scenarios identical seed by seed.  The graph reliefs of
-70B ran, and lost: their incumbents had decode-first on, which costs graphs a quarter of their
-throughput there (58.9 against 80.3 tok/s), a two-knob interaction no flip tests.
+.965 / .967 -> .968 / .970; the other scenarios identical seed by seed.
+
+Why a flip the model rules out gets the same treatment, and why the floor relief: in most
+Llama-3.1-70B / H200 studies the graph flip was never launched at all.  Graph configs of the
+start-up design had run out of memory (in one seed: at 5695 tokens, and at 4993 with a 1.4k
+prefill budget, 2.6% above the smallest pool), the model put the shortfall in the graph
+runtime, and then said graphs fit at no pool with any one number lowered: no relief.  Yet
+graphs with a 1-4k prefill budget at the smallest pool run at 80.4-80.6 tok/s, against the
+78.5 of the best config without them.  So a flip the model says cannot fit is paired and
+relieved like one that ran out of memory, and where the model fits none of those, its floor
+relief is launched: the number whose lowest value leaves the most room, at that value (on
+ties, which the model gives when the shortfall is all static, the first of the space's
+numbers).  Only while the choice never ran healthy (after that the model has seen what it
+needs), once per number.  An OOM of it teaches the model what the others' OOMs could not.
+Measured on 60 seeds (benchmarks/search_ab.py's worker): 70B mean / median best at 30 trials
+.963 / .972 -> .983 / .999 (seeds won 37, lost 7), at 20 .955 -> .953 (4 won, 10 lost); the
+other four scenarios identical seed by seed but for one 8B seed at 40 trials.  The cost is
+OOMs: on the suite's 10 seeds, 70B's OOM launches after the first 5 trials went 30 -> 59 of
+350 (8.6% -> 16.9%), mostly graph configs finding their edge, 2-3% above the smallest pool.
+Measured and not kept: the floor relief run at the smallest pool (2 OOMs fewer in those 10
+studies), and with it the edge of knobs that ran out of memory dropped `EDGE_TOL` below that
+pool (6 fewer); on 60 seeds neither moved a mean by more than .001.
 """
 
 from __future__ import annotations
@@ -103,3 +122,24 @@ def reliefs(cand: Mapping[str, Any], space: Mapping[str, BaseDistribution],
 def _numbers(space: Mapping[str, BaseDistribution], params: Mapping[str, Any]) -> list[str]:
     return [n for n, d in space.items() if n != KV_SHARE and not d.single()
             and isinstance(d, (IntDistribution, FloatDistribution)) and n in params]
+
+
+def floor_relief(cand: Mapping[str, Any], base: Mapping[str, Any],
+                 space: Mapping[str, BaseDistribution], trials: Sequence[TrialRecord],
+                 slack: Callable[[dict[str, Any]], float]) -> list[dict[str, Any]]:
+    """`cand`, a flip of `base`, with the one number at its lowest value that leaves the most
+    room by `slack` (see module doc); [] once the flipped choice ran healthy, and for each
+    number once a launched trial had the choice with that number at its lowest."""
+    flipped = {k: v for k, v in cand.items() if k != KV_SHARE and base.get(k) != v}
+
+    def has(t: TrialRecord) -> bool:
+        return all(t.params.get(k) == v for k, v in flipped.items())
+    launched = [t for t in trials if not t.unmeasured and has(t)]
+    if any(t.outcome in ("ok", "slo") for t in launched):
+        return []
+    out = []
+    for name in _numbers(space, cand):
+        low = space[name].low   # type: ignore[attr-defined]
+        if cand[name] > low and all(t.params.get(name) != low for t in launched):
+            out.append({**cand, name: low})
+    return sorted(out, key=slack, reverse=True)[:1]

@@ -44,7 +44,7 @@ from tuner.study.ascent import ascent_move
 from tuner.study.dead_choices import Dead, avoiding, dead_choices
 from tuner.study.flips import at_pool, companions, controlled_flips, fell_over, untried_flips
 from tuner.study.local_moves import incumbents, inert_knobs, neighbour, pattern_move
-from tuner.study.pool_trades import pool_trade, reliefs
+from tuner.study.pool_trades import floor_relief, pool_trade, reliefs
 from tuner.study.record import KV_SHARE, TrialRecord, config_key, records
 from tuner.trial.kv_share import KvEdge
 
@@ -139,8 +139,9 @@ class GuidedSampler(BaseSampler):
               start_up: bool) -> Local | None:
         """First a choice never launched (`untried_flips`, whatever the memory model says;
         during the start-up only one the memory filter has turned away), then after the
-        start-up a choice never compared (`controlled_flips`; one that ran out of memory or
-        never started, paired with another change: `companions`)."""
+        start-up a choice never compared (`controlled_flips`; one that ran out of memory,
+        never started or that the memory model says cannot fit, with another change:
+        `_pairs`)."""
         base = {k: top.params[k] for k in search_space}
         kv_name = self._edge.param.name if self._edge is not None else None
         fresh = self._fresh(trials)
@@ -159,7 +160,7 @@ class GuidedSampler(BaseSampler):
         for cand in controlled_flips(base, trials, search_space, kv_name, sign):
             if (found := probe(cand, slack)) is not None:
                 return found
-            if fell_over(cand, trials, kv_name):
+            if fell_over(cand, trials, kv_name) or slack(cand) < 0:
                 for pair in self._pairs(cand, top, base, trials, search_space, slack):
                     if (found := probe(pair, permissive)) is not None:
                         return found
@@ -168,9 +169,10 @@ class GuidedSampler(BaseSampler):
     def _pairs(self, cand: dict[str, Any], top: TrialRecord, base: dict[str, Any],
                trials: Sequence[TrialRecord], search_space: dict[str, BaseDistribution],
                slack: Slack) -> list[dict[str, Any]]:
-        """What to try for a flip that ran out of memory or never started: its companions
-        that the memory model says fit (`companions`), then its reliefs
-        (`tuner.study.pool_trades.reliefs`)."""
+        """What to try for a flip that ran out of memory, never started or that the memory
+        model says cannot fit: its companions that the model says fit (`companions`), then its
+        reliefs (`tuner.study.pool_trades.reliefs`); where neither fits, its floor relief
+        (`tuner.study.pool_trades.floor_relief`)."""
         pairs = companions(cand, base, search_space, slack)
         fitting = [p for p in pairs if slack(p) >= 0]
         eased: list[dict[str, Any]] = []
@@ -180,6 +182,8 @@ class GuidedSampler(BaseSampler):
             pool = self._edge.carried(int(top.params[self._edge.param.name]), top.params, rest)
             eased = reliefs(cand, search_space,
                             [lambda c: room(c, pool) >= 0, lambda c: slack(c) >= 0])
+        if not fitting and not eased:
+            eased = floor_relief(cand, base, search_space, trials, slack)
         return [*fitting, *eased]
 
     def _numeric(self, top: TrialRecord, trials: Sequence[TrialRecord],
