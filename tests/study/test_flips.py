@@ -105,8 +105,8 @@ def test_a_flip_that_fell_over_of_memory_is_paired_with_another_choice_roomiest_
 
 def test_a_flip_runs_at_the_incumbents_pool_where_the_model_allows():
     """Graphs flipped on at the incumbent's share would get a smaller pool (the model's graph
-    need is larger); the flip keeps the pool, or the largest the model allows, and the pool is
-    pinned for the trial that runs it."""
+    need is larger); the flip keeps the pool (the tokens its whole blocks hold), or the largest
+    the model allows, and the pool is pinned for the trial that runs it."""
     from pathlib import Path
 
     from tuner.bench.records import Cell
@@ -133,7 +133,7 @@ def test_a_flip_runs_at_the_incumbents_pool_where_the_model_allows():
                            CategoricalDistribution([False, True]), "kv_cache_tokens":
                            IntDistribution(pool, pool)}))
         params, pinned = at_pool({**flip, "kv_share": 0.5}, top, edge, [top])
-        assert pinned == min(pool, edge.edge(flip, [top]))
+        assert pinned == min(pool // 16 * 16, edge.edge(flip, [top]))   # whole blocks
         assert 0.0 <= params["kv_share"] <= 1.0
     assert pinned < edge.edge(knobs, [])   # the graphs' need: the incumbent's pool did not fit
     trial = optuna.create_study().ask()

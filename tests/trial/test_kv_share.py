@@ -349,3 +349,14 @@ def test_a_pool_the_proposals_pin_is_the_pool_that_runs_even_above_the_edge(tmp_
     edge.pinned[trial.number] = above
     params = pipe.suggest(trial)
     assert params["kv_cache_tokens"] == above
+
+
+def test_a_flip_carries_the_tokens_the_incumbents_whole_blocks_hold():
+    """4991 tokens of 128-token blocks are 38 blocks, 4864 tokens: a flip to 16-token blocks
+    runs 4864, not the 4991 the incumbent asked for; never below the target's floor."""
+    edge = KvEdge(_space(), MODEL, CAP, CELLS)
+    assert edge.param.name == "kv_cache_tokens"
+    assert edge.carried(4991, {"block_size": 128}, {"block_size": 16}) == 4864
+    assert edge.carried(4864, {"block_size": 16}, {"block_size": 128}) == 4864
+    floor = edge.value({"block_size": 16}, 0.0, [])
+    assert edge.carried(floor - 1, {"block_size": 256}, {"block_size": 16}) == floor

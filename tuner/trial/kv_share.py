@@ -112,12 +112,16 @@ class KvEdge:
         return {size: floor for size, floor in floors.items() if floor != low}
 
     def carried(self, value: int, source: Mapping[str, Any], target: Mapping[str, Any]) -> int:
-        """The KV value that gives config `target` the pool `value` gives `source`: the same
-        for a pool in tokens; for one in blocks, the same tokens at `target`'s block size (a
-        flip of the block size from 256 to 32 at the same 65 blocks ran an eighth of the
-        incumbent's pool on the H200 transformers study, under one request)."""
+        """The KV value that gives config `target` the pool `value` gives `source`: for a pool
+        in tokens, the tokens `source`'s whole blocks hold (on Llama-3.1-70B / H200, 4991
+        tokens of 128-token blocks held 4864, the flip to 16-token blocks carried 4991 and ran
+        out of memory twice on its way down to 4895); for one in blocks, the same tokens at
+        `target`'s block size (a flip of the block size from 256 to 32 at the same 65 blocks
+        ran an eighth of the incumbent's pool on the H200 transformers study, under one
+        request)."""
         if self.param.role != "kv_blocks":
-            return value
+            held = knobs_from_params(self.space, {**source, self.param.name: value}).kv_tokens
+            return value if held is None else max(self._grid(target)[0], held)
         before = knobs_from_params(self.space, dict(source)).block_size
         after = knobs_from_params(self.space, dict(target)).block_size
         return max(self._grid(target)[0], round(value * before / after))
