@@ -35,8 +35,8 @@ graphs with a 1-4k prefill budget at the smallest pool run at 80.4-80.6 tok/s, a
 78.5 of the best config without them.  So a flip the model says cannot fit is paired and
 relieved like one that ran out of memory, and where the model fits none of those, its floor
 relief is launched: the number whose lowest value leaves the most room, at that value (on
-ties, which the model gives when the shortfall is all static, the first of the space's
-numbers).  Only while the choice never ran healthy (after that the model has seen what it
+ties, which the model gives when no number changes its need at the smallest pool, the first
+by name).  Only while the choice never ran healthy (after that the model has seen what it
 needs), once per number.  An OOM of it teaches the model what the others' OOMs could not.
 Measured on 60 seeds (benchmarks/search_ab.py's worker): 70B mean / median best at 30 trials
 .963 / .972 -> .983 / .999 (seeds won 37, lost 7), at 20 .955 -> .953 (4 won, 10 lost); the
