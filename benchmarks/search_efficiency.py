@@ -52,7 +52,15 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from search_report import BUDGETS, METHODS, scenario_table  # noqa: E402
-from search_scenarios import BASE_GRID, EDGE_SHARES, KV_SHARES, SCENARIOS, Scenario, by_name  # noqa: E402
+from search_scenarios import (  # noqa: E402
+    BASE_GRID,
+    EDGE_SHARES,
+    KV_SHARES,
+    SCENARIOS,
+    UNSEEN,
+    Scenario,
+    by_name,
+)
 
 from tuner.commands.tune_options import warm_start  # noqa: E402
 from tuner.search.bounds import resolve_space  # noqa: E402
@@ -243,9 +251,14 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--seeds", type=int, default=10)
     ap.add_argument("--procs", type=int, default=2)
-    ap.add_argument("--scenarios", default=",".join(s.name for s in SCENARIOS))
+    ap.add_argument("--scenarios", default=",".join(s.name for s in SCENARIOS),
+                    help="comma-separated names (default: the suite's five); also: "
+                    + ", ".join(s.name for s in UNSEEN))
     ap.add_argument("--truth-only", action="store_true", help="compute the ground truths and stop")
     args = ap.parse_args()
+    known = [s.name for s in (*SCENARIOS, *UNSEEN)]
+    if unknown := [n for n in args.scenarios.split(",") if n not in known]:
+        ap.error(f"unknown scenario {', '.join(unknown)} (known: {', '.join(known)})")
     t0 = time.time()
     _init()
     scenarios = [by_name(n) for n in args.scenarios.split(",")]

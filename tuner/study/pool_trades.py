@@ -139,7 +139,8 @@ def floor_relief(cand: Mapping[str, Any], base: Mapping[str, Any],
         return []
     out = []
     for name in _numbers(space, cand):
-        low = space[name].low   # type: ignore[attr-defined]
-        if cand[name] > low and all(t.params.get(name) != low for t in launched):
-            out.append({**cand, name: low})
+        dist = space[name]
+        assert isinstance(dist, (IntDistribution, FloatDistribution))
+        if cand[name] > dist.low and all(t.params.get(name) != dist.low for t in launched):
+            out.append({**cand, name: dist.low})
     return sorted(out, key=slack, reverse=True)[:1]
