@@ -45,7 +45,8 @@ OOMs: on the suite's 10 seeds, 70B's OOM launches after the first 5 trials went 
 350 (8.6% -> 16.9%), mostly graph configs finding their edge, 2-3% above the smallest pool.
 Measured and not kept: the floor relief run at the smallest pool (2 OOMs fewer in those 10
 studies), and with it the edge of knobs that ran out of memory dropped `EDGE_TOL` below that
-pool (6 fewer); on 60 seeds neither moved a mean by more than .001.
+pool and bounded by like configs' OOMs (6 fewer); on 60 seeds neither moved a mean by more
+than .001 (benchmarks/results/search_efficiency.md, round 12).
 """
 
 from __future__ import annotations
