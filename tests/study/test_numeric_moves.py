@@ -134,3 +134,22 @@ def test_a_floor_relief_needs_a_choice_that_never_ran_healthy_and_a_number_not_y
     room = lambda c: -c["budget"] - 1000 * c["y"]  # noqa: E731
     assert floor_relief(flip, base, space, oom, room) == [{**flip, "budget": 1024}]
     assert floor_relief(flip, base, space, [*oom, run({**flip, "y": 0.9}, "slo")], room) == []
+
+
+def test_a_floor_relief_the_model_cannot_rank_lowers_a_token_budget_first():
+    """Every floor leaves the same room: the token budget's goes first, not the first by name;
+    `budget_knobs` names the knobs whose role is a step's token budget."""
+    from pathlib import Path
+
+    from tuner.search.space_file import load_space
+    from tuner.study.pool_trades import budget_knobs
+
+    space = {**SPACE, "g": CategoricalDistribution([False, True])}
+    base = {"cap": 8, "y": 0.5, "budget": 16384, "g": False}
+    flip = {**base, "g": True}
+    tie = lambda c: -1.0  # noqa: E731
+    assert floor_relief(flip, base, space, [], tie) == [{**flip, "cap": 1}]
+    assert floor_relief(flip, base, space, [], tie, {"budget"}) == [{**flip, "budget": 1024}]
+    root = Path(__file__).resolve().parents[2]
+    assert budget_knobs(load_space(root / "search_spaces" / "infinilm.yaml")) == [
+        "max_num_batched_tokens"]

@@ -34,10 +34,12 @@ runtime, and then said graphs fit at no pool with any one number lowered: no rel
 graphs with a 1-4k prefill budget at the smallest pool run at 80.4-80.6 tok/s, against the
 78.5 of the best config without them.  So a flip the model says cannot fit is paired and
 relieved like one that ran out of memory, and where the model fits none of those, its floor
-relief is launched: the number whose lowest value leaves the most room, at that value (on
-ties, which the model gives when no number changes its need at the smallest pool, the first
-by name).  Only while the choice never ran healthy (after that the model has seen what it
-needs), once per number.  An OOM of it teaches the model what the others' OOMs could not.
+relief is launched: the number whose lowest value leaves the most room, at that value.  On
+ties, which the model gives when no number changes its need at the smallest pool, a step's
+token budget goes first (`budget_knobs`): its forward is activation memory on every server
+the shipped spaces drive.  Only while the choice never ran healthy (after that the model has
+seen what it needs), once per number.  An OOM of it teaches the model what the others' OOMs
+could not.
 Measured on 60 seeds (benchmarks/search_ab.py's worker): 70B mean / median best at 30 trials
 .963 / .972 -> .983 / .999 (seeds won 37, lost 7), at 20 .955 -> .953 (4 won, 10 lost); the
 other four scenarios identical seed by seed but for one 8B seed at 40 trials.  The cost is
@@ -46,22 +48,29 @@ OOMs: on the suite's 10 seeds, 70B's OOM launches after the first 5 trials went 
 Measured and not kept: the floor relief run at the smallest pool (2 OOMs fewer in those 10
 studies), and with it the edge of knobs that ran out of memory dropped `EDGE_TOL` below that
 pool and bounded by like configs' OOMs (6 fewer); on 60 seeds neither moved a mean by more
-than .001 (benchmarks/results/search_efficiency.md, round 12).
+than .001 (benchmarks/results/search_efficiency.md, round 12).  The budget tie-break came
+after those: on 70B the ties had gone to the first number by name, the decode cap, whose floor
+freed nothing and ran out of memory.  Local, 10 seeds of the suite's five scenarios and three
+unseen ones: on 70B, OOM launches after the first 5 trials 54 -> 40 of 350 (15.4% -> 11.4%),
+mean best at 20 / 30 / 40 trials .957 / .989 / .994 -> .983 / .986 / .994; every study of the
+other seven scenarios identical.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Any
 
 from optuna.distributions import BaseDistribution, FloatDistribution, IntDistribution
 
+from tuner.search.space import SearchSpace
 from tuner.study.design import level
 from tuner.study.local_moves import STEP_SCALE, position, shift
 from tuner.study.record import KV_SHARE, TrialRecord
 from tuner.trial.kv_share import EDGE_TOL, KvEdge
 
 RELIEF_STEPS = 10  # bisection steps of a relief: 1/1024 of the range
+BUDGET_ROLES = ("prefill_token_budget", "checked_token_budget")   # tuner.trial.memory_estimate
 
 
 def pool_trade(top: TrialRecord, space: Mapping[str, BaseDistribution], edge: KvEdge | None,
@@ -125,12 +134,19 @@ def _numbers(space: Mapping[str, BaseDistribution], params: Mapping[str, Any]) -
             and isinstance(d, (IntDistribution, FloatDistribution)) and n in params]
 
 
+def budget_knobs(space: SearchSpace) -> list[str]:
+    """The space's token budgets of one step (see module doc: the floor relief's tie-break)."""
+    return [p.name for p in space.parameters if p.role in BUDGET_ROLES]
+
+
 def floor_relief(cand: Mapping[str, Any], base: Mapping[str, Any],
                  space: Mapping[str, BaseDistribution], trials: Sequence[TrialRecord],
-                 slack: Callable[[dict[str, Any]], float]) -> list[dict[str, Any]]:
+                 slack: Callable[[dict[str, Any]], float],
+                 first: Collection[str] = ()) -> list[dict[str, Any]]:
     """`cand`, a flip of `base`, with the one number at its lowest value that leaves the most
-    room by `slack` (see module doc); [] once the flipped choice ran healthy, and for each
-    number once a launched trial had the choice with that number at its lowest."""
+    room by `slack`, on ties one of `first` (see module doc); [] once the flipped choice ran
+    healthy, and for each number once a launched trial had the choice with that number at its
+    lowest."""
     flipped = {k: v for k, v in cand.items() if k != KV_SHARE and base.get(k) != v}
 
     def has(t: TrialRecord) -> bool:
@@ -143,5 +159,6 @@ def floor_relief(cand: Mapping[str, Any], base: Mapping[str, Any],
         dist = space[name]
         assert isinstance(dist, (IntDistribution, FloatDistribution))
         if cand[name] > dist.low and all(t.params.get(name) != dist.low for t in launched):
-            out.append({**cand, name: dist.low})
-    return sorted(out, key=slack, reverse=True)[:1]
+            low = {**cand, name: dist.low}
+            out.append(((slack(low), name in first), low))
+    return [c for _, c in sorted(out, key=lambda kc: kc[0], reverse=True)[:1]]

@@ -66,13 +66,14 @@ class GuidedSampler(BaseSampler):
 
     def __init__(self, base: BaseSampler, slack_of: SlackOf | None, startup: int,
                  seed: int | None = None, edge: KvEdge | None = None,
-                 limits: Collection[str] = ()) -> None:
+                 limits: Collection[str] = (), budgets: Collection[str] = ()) -> None:
         self._base = base
         self._slack_of = slack_of or _fits_always
         self._startup = startup
         self._edge = edge
         self._rng = random.Random(seed)
         self._design = design.StartupDesign(startup, self._rng, limits)
+        self._budgets = set(budgets)   # lowered first by a floor relief the model cannot rank
         self.turned_away: list[dict[str, Any]] = []   # candidates the memory model rejected
         self._ascended: set[int] = set()   # runs an ascent move started from
 
@@ -183,7 +184,7 @@ class GuidedSampler(BaseSampler):
             eased = reliefs(cand, search_space,
                             [lambda c: room(c, pool) >= 0, lambda c: slack(c) >= 0])
         if not fitting and not eased:
-            eased = floor_relief(cand, base, search_space, trials, slack)
+            eased = floor_relief(cand, base, search_space, trials, slack, self._budgets)
         return [*fitting, *eased]
 
     def _numeric(self, top: TrialRecord, trials: Sequence[TrialRecord],
@@ -282,12 +283,12 @@ def _distinct(tops: list[TrialRecord]) -> list[TrialRecord]:
     return list(out.values())
 
 
-def guided(sampler: BaseSampler, edge: KvEdge | None, startup: int,
-           seed: int | None, limits: Collection[str] = ()) -> BaseSampler:
+def guided(sampler: BaseSampler, edge: KvEdge | None, startup: int, seed: int | None,
+           limits: Collection[str] = (), budgets: Collection[str] = ()) -> BaseSampler:
     """`sampler` wrapped as the tuner proposes; unchanged for random and grid search, which
     are asked for as such.  Without a KV edge (no card size, or --kv-absolute) the memory
     filter passes everything."""
     if isinstance(sampler, (RandomSampler, optuna.samplers.GridSampler)):
         return sampler
     return GuidedSampler(sampler, edge.slack_of if edge is not None else None, startup, seed,
-                         edge=edge, limits=limits)
+                         edge=edge, limits=limits, budgets=budgets)
