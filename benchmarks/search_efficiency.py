@@ -71,7 +71,6 @@ from tuner.search.space_file import load_space  # noqa: E402
 from tuner.search.workload import Workload  # noqa: E402
 from tuner.sim.profiles import get_profile  # noqa: E402
 from tuner.study.objective import TrialObjective, counted  # noqa: E402
-from tuner.study.pool_trades import budget_knobs  # noqa: E402
 from tuner.study.proposals import guided  # noqa: E402
 from tuner.study.record import KV_SHARE, TrialRecord, config_key  # noqa: E402
 from tuner.study.sampler import make_sampler, startup_trials  # noqa: E402
@@ -186,7 +185,7 @@ def run_study(job: tuple[str, str, int]) -> dict[str, Any]:
         sampler = make_sampler("auto" if tuner else method, seed, budget)
     if tuner:
         sampler = guided(sampler, pipeline.kv_edge, startup_trials(budget), seed,
-                         limits=ctx.space.limits(), budgets=budget_knobs(ctx.space))
+                         limits=ctx.space.limits(), budgets=ctx.space.budgets())
     study = optuna.create_study(directions=["maximize"], sampler=sampler)
     if tuner:
         warm_start(study, ctx.space, argparse.Namespace(no_defaults=False, seed_config=None,

@@ -138,11 +138,10 @@ def test_a_floor_relief_needs_a_choice_that_never_ran_healthy_and_a_number_not_y
 
 def test_a_floor_relief_the_model_cannot_rank_lowers_a_token_budget_first():
     """Every floor leaves the same room: the token budget's goes first, not the first by name;
-    `budget_knobs` names the knobs whose role is a step's token budget."""
+    `SearchSpace.budgets` names the knobs whose role is a step's token budget."""
     from pathlib import Path
 
     from tuner.search.space_file import load_space
-    from tuner.study.pool_trades import budget_knobs
 
     space = {**SPACE, "g": CategoricalDistribution([False, True])}
     base = {"cap": 8, "y": 0.5, "budget": 16384, "g": False}
@@ -151,5 +150,5 @@ def test_a_floor_relief_the_model_cannot_rank_lowers_a_token_budget_first():
     assert floor_relief(flip, base, space, [], tie) == [{**flip, "cap": 1}]
     assert floor_relief(flip, base, space, [], tie, {"budget"}) == [{**flip, "budget": 1024}]
     root = Path(__file__).resolve().parents[2]
-    assert budget_knobs(load_space(root / "search_spaces" / "infinilm.yaml")) == [
+    assert load_space(root / "search_spaces" / "infinilm.yaml").budgets() == [
         "max_num_batched_tokens"]

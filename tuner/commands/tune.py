@@ -52,7 +52,6 @@ from tuner.sim.nvml import SIM_NVML_ENV
 from tuner.study.budget import Convergence, finished, run_to_budget
 from tuner.study.create import create_or_load
 from tuner.study.objective import TrialObjective
-from tuner.study.pool_trades import budget_knobs
 from tuner.study.proposals import guided
 from tuner.study.record import TrialRecord
 from tuner.study.sampler import SAMPLERS, enqueue_grid, make_sampler, run_seed, startup_trials
@@ -218,7 +217,7 @@ def _run(args: argparse.Namespace, stack: contextlib.ExitStack) -> int:
                                 kv_share=not args.kv_absolute and args.sampler != "grid")
     study.sampler = guided(study.sampler, pipeline.kv_edge, startup_trials(args.trials),
                            args.seed, limits=setup.ctx.space.limits(),
-                           budgets=budget_knobs(setup.ctx.space))
+                           budgets=setup.ctx.space.budgets())
     print_bounds(setup.ctx.space, pipeline)
     queued = warm_start(study, setup.ctx.space, args, url, studies_dir, pipeline)
     if queued:

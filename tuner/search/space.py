@@ -23,6 +23,7 @@ from tuner.errors import UsageError
 FAILURE_CLASSES = ("oom", "startup", "unhealthy", "crash")
 LIMIT_ROLES = ("max_batch", "prefill_batch_cap", "decode_batch_cap", "long_max_batch",
                "long_threshold")
+BUDGET_ROLES = ("prefill_token_budget", "checked_token_budget")
 AUTO = "auto"  # `high: auto`: the bound is computed from the model and GPU (tuner.search.bounds)
 
 
@@ -134,6 +135,11 @@ class SearchSpace:
         range each caps least.  Token budgets are not among them: a budget's forward takes
         memory from the KV pool (`tuner.study.pool_trades`), so its top is not free."""
         return [p.name for p in self.parameters if p.role in LIMIT_ROLES]
+
+    def budgets(self) -> list[str]:
+        """The token budgets of one step: a floor relief the memory model cannot rank lowers
+        one of them first (`tuner.study.pool_trades.floor_relief`)."""
+        return [p.name for p in self.parameters if p.role in BUDGET_ROLES]
 
     def default_params(self) -> dict[str, Any]:
         """The server's own defaults, for the knobs that have one."""

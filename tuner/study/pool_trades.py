@@ -36,7 +36,7 @@ graphs with a 1-4k prefill budget at the smallest pool run at 80.4-80.6 tok/s, a
 relieved like one that ran out of memory, and where the model fits none of those, its floor
 relief is launched: the number whose lowest value leaves the most room, at that value.  On
 ties, which the model gives when no number changes its need at the smallest pool, a step's
-token budget goes first (`budget_knobs`): its forward is activation memory on every server
+token budget goes first (`SearchSpace.budgets`): its forward is activation memory on every server
 the shipped spaces drive.  Only while the choice never ran healthy (after that the model has
 seen what it needs), once per number.  An OOM of it teaches the model what the others' OOMs
 could not.
@@ -63,14 +63,12 @@ from typing import Any
 
 from optuna.distributions import BaseDistribution, FloatDistribution, IntDistribution
 
-from tuner.search.space import SearchSpace
 from tuner.study.design import level
 from tuner.study.local_moves import STEP_SCALE, position, shift
 from tuner.study.record import KV_SHARE, TrialRecord
 from tuner.trial.kv_share import EDGE_TOL, KvEdge
 
 RELIEF_STEPS = 10  # bisection steps of a relief: 1/1024 of the range
-BUDGET_ROLES = ("prefill_token_budget", "checked_token_budget")   # tuner.trial.memory_estimate
 
 
 def pool_trade(top: TrialRecord, space: Mapping[str, BaseDistribution], edge: KvEdge | None,
@@ -132,11 +130,6 @@ def reliefs(cand: Mapping[str, Any], space: Mapping[str, BaseDistribution],
 def _numbers(space: Mapping[str, BaseDistribution], params: Mapping[str, Any]) -> list[str]:
     return [n for n, d in space.items() if n != KV_SHARE and not d.single()
             and isinstance(d, (IntDistribution, FloatDistribution)) and n in params]
-
-
-def budget_knobs(space: SearchSpace) -> list[str]:
-    """The space's token budgets of one step (see module doc: the floor relief's tie-break)."""
-    return [p.name for p in space.parameters if p.role in BUDGET_ROLES]
 
 
 def floor_relief(cand: Mapping[str, Any], base: Mapping[str, Any],
