@@ -102,18 +102,21 @@ def test_candidates_the_memory_filter_rejected_are_kept_for_the_record():
     assert sampler.turned_away and all(p["x"] > 8 for p in sampler.turned_away)
 
 
-def test_of_tied_incumbents_the_first_is_the_one_searched_from():
+def test_of_tied_incumbents_the_one_with_the_largest_pool_is_searched_from():
     """A copy of the best config at a pool that made no difference ties with it: searching
-    from both would spend the local moves on two versions of one place."""
+    from both would spend the local moves on two versions of one place.  The one with the
+    larger pool is kept (its flips run there); without a pool knob, the first."""
     from tuner.study.proposals import _distinct
 
     trials = []
-    for number, y in ((7, 0.9), (3, 0.5)):
-        t = optuna.trial.create_trial(params={"x": 4, "y": y}, values=[2.0],
-                                      distributions={k: DISTS[k] for k in ("x", "y")})
+    for number, y, kv in ((7, 0.9, 2000), (3, 0.5, 1000), (9, 0.7, 1000)):
+        t = optuna.trial.create_trial(params={"x": 4, "y": y, "kv": kv}, values=[2.0],
+                                      distributions={"x": DISTS["x"], "y": DISTS["y"],
+                                                     "kv": IntDistribution(1, 4096)})
         t.number = number
         trials.append(TrialRecord.of(t))
-    assert [t.number for t in _distinct(trials)] == [3]
+    assert [t.number for t in _distinct(trials, "kv")] == [7]
+    assert [t.number for t in _distinct(trials, None)] == [3]
 
 
 def test_a_choice_no_launched_trial_had_is_tried_as_a_flip_of_the_incumbent():

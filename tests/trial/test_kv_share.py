@@ -360,3 +360,48 @@ def test_a_flip_carries_the_tokens_the_incumbents_whole_blocks_hold():
     assert edge.carried(4864, {"block_size": 16}, {"block_size": 128}) == 4864
     floor = edge.value({"block_size": 16}, 0.0, [])
     assert edge.carried(floor - 1, {"block_size": 256}, {"block_size": 16}) == floor
+
+
+def test_a_cell_that_raised_the_memory_mark_measured_its_scale_without_an_oom():
+    """Idle 21 GiB (15 weights, 4 pool, 2 runtime); the big cell raised the mark by 1.5 GiB
+    where the estimate said 1: k = 1.5 for that cell, before any OOM.  The small cell left the
+    mark where it was and measured nothing; the mark of a failed cell is never read."""
+    est = Estimate(15 * GIB, 4 * GIB, 2 * GIB, GIB, "big",
+                   cell_forwards=(("big", GIB), ("small", GIB // 2)))
+    idle, mark = 21 * GIB, int(22.5 * GIB)
+
+    def run(outcome, errors):
+        rows = [{"cell": {"key": k}, "error_class": e, "peak_bytes": mark}
+                for k, e in zip(("big", "small"), errors)]
+        return TrialRecord.of(optuna.trial.create_trial(
+            params={"x": 1}, distributions={"x": IntDistribution(0, 2)}, values=[0.0],
+            user_attrs={"memory_estimate": estimate_attr(est, False), "outcome": outcome,
+                        "cells": rows, "idle_bytes": idle}))
+    cal = calibrate([run("ok", (None, None))], CAP)
+    assert cal.seen == {"big": 1.5} and cal.k("big") == 1.5 and cal.k("small") == 1.0
+    assert cal.k("big", graph=True) == 1.5          # no graph evidence of its own yet
+    assert calibrate([run("oom", ("oom", None))], CAP).seen == {}
+    # a healthy run closer to the edge bounds the scale lower than the mark said
+    near = _trial(_est(6.0, 1.0, "big"), "ok")      # k <= (24 - 15 - 6 - 2) / 1 = 1
+    assert calibrate([run("ok", (None, None)), near], CAP).k("big") == 1.0
+
+
+def test_a_config_without_a_mark_of_its_own_takes_the_scale_of_the_nearest_measured():
+    """Two measured configs: A (x=1, y=1) saw 1.2, B (x=2, y=2) saw 0.9.  A config measured
+    itself gets its own scale; another the nearest's (fewest knobs apart; of a tie, the
+    largest); the pool and the share never count as a difference."""
+    est = Estimate(15 * GIB, 4 * GIB, 2 * GIB, GIB, "big", cell_forwards=(("big", GIB),))
+
+    def run(x, y, ratio, pool):
+        return TrialRecord.of(optuna.trial.create_trial(
+            params={"x": x, "y": y, "kv": pool}, values=[0.0],
+            distributions={n: IntDistribution(0, 100000) for n in ("x", "y", "kv")},
+            user_attrs={"memory_estimate": estimate_attr(est, False), "outcome": "ok",
+                        "idle_bytes": 21 * GIB, "cells": [{"cell": {"key": "big"},
+                        "error_class": None, "peak_bytes": int((21 + ratio) * GIB)}]}))
+    cal = calibrate([run(1, 1, 1.2, 100), run(2, 2, 0.9, 200)], CAP,
+                    lambda p: {k: v for k, v in p.items() if k != "kv"})
+    assert math.isclose(cal.k("big", knobs={"x": 2, "y": 2}), 0.9)
+    assert math.isclose(cal.k("big", knobs={"x": 2, "y": 3}), 0.9)
+    assert math.isclose(cal.k("big", knobs={"x": 1, "y": 2}), 1.2)
+    assert math.isclose(cal.k("big"), 1.2)             # no config named: the largest seen

@@ -88,7 +88,9 @@ class CellResult:
     """One cell's outcome.  `error_class` is None when every request completed; otherwise
     "unhealthy" / "server_died" / "hang" (the cell was cut short) or "http_error" (requests
     failed while the server stayed up: "http_error" when none succeeded, "partial" when some
-    did).  `health_flaps`: times /health answered 5xx and then recovered while the cell ran."""
+    did).  `health_flaps`: times /health answered 5xx and then recovered while the cell ran.
+    `peak_bytes`: the device memory the server held at its highest from start-up to the end of
+    this cell, over the card's idle baseline (`tuner.server.memwatch`); None where unread."""
 
     cell: Cell
     records: list[RequestRecord]
@@ -97,6 +99,7 @@ class CellResult:
     error_class: str | None = None
     error: str = ""
     health_flaps: int = 0
+    peak_bytes: int | None = None
 
     def to_dict(self, time_scale: float = 1.0) -> dict[str, Any]:
         """The JSON row: the cell's shape, then vllm-named metrics.  `duration` (seconds) is

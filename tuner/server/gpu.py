@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -83,6 +84,28 @@ def read_gpu(index: int = 0) -> GpuState | None:
                         pids=tuple(int(p.pid) for p in procs))
     except Exception as exc:  # noqa: BLE001 - NVML raises its own error type per failure
         raise UsageError(f"cannot read GPU {index} through NVML: {exc}") from None
+    finally:
+        nv.nvmlShutdown()
+
+
+@contextmanager
+def used_reader(index: int) -> Iterator[Callable[[], int | None]]:
+    """A cheap repeated read of GPU `index`'s used bytes (NVML initialised once, for a poller;
+    the simulated card's file with TUNER_SIM_NVML); it reads None where there is no NVML."""
+    if os.environ.get("TUNER_SIM_NVML"):
+        yield lambda: (s.used_bytes if (s := read_gpu(index)) is not None else None)
+        return
+    nv = _nvml()
+    if nv is None:
+        yield lambda: None
+        return
+    try:
+        try:
+            handle = nv.nvmlDeviceGetHandleByIndex(index)
+        except Exception:  # noqa: BLE001 - no such card: nothing to watch, as without NVML
+            yield lambda: None
+            return
+        yield lambda: int(nv.nvmlDeviceGetMemoryInfo(handle).used)
     finally:
         nv.nvmlShutdown()
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import subprocess
 import sys
 import time
@@ -50,6 +51,7 @@ class SimServer:
         self._wall0 = time.perf_counter()
         self._tick = asyncio.Condition()
         self.admission = Admission()
+        self._held = 0      # bytes this process holds on the simulated card (TUNER_SIM_NVML)
 
     def sim_now(self) -> float:
         return (time.perf_counter() - self._wall0) * self.time_scale
@@ -68,9 +70,19 @@ class SimServer:
                     if not done or self.admission.finished([r.rid for r in done],
                                                            self.engine.clock, due):
                         break
+                self._hold_memory()
             async with self._tick:
                 self._tick.notify_all()
             await self.admission.wait(TICK_S)
+
+    def _hold_memory(self) -> None:
+        """On a simulated card, hold what the engine's allocator reserved so far, as a caching
+        allocator does (the card's used memory only grows; a failed allocation adds nothing)."""
+        path = nvml.sim_nvml_path()
+        held = self.engine.peak_bytes if self.engine.failed is None else self._held
+        if path is not None and held > self._held:
+            nvml.add_process(path, os.getpid(), held)
+            self._held = held
 
     async def _next_tick(self) -> None:
         async with self._tick:

@@ -46,7 +46,7 @@ from tuner.study.flips import at_pool, companions, controlled_flips, fell_over, 
 from tuner.study.local_moves import incumbents, inert_knobs, neighbour, pattern_move
 from tuner.study.pool_trades import floor_relief, pool_trade, reliefs
 from tuner.study.record import KV_SHARE, TrialRecord, config_key, records
-from tuner.trial.kv_share import KvEdge
+from tuner.trial.kv_share import EDGE_TOL, KvEdge
 
 TRIES = 16      # candidates drawn per proposal at most (one TPE draw costs ~10 ms)
 
@@ -130,6 +130,9 @@ class GuidedSampler(BaseSampler):
             fresh = self._fresh(trials)
             move = self._ascent(trials, directions, search_space, lambda c: fresh(c, slack))
             return None if move is None else (move, None)
+        if not start_up and (pushed := self._at_edge(top, trials, search_space)) is not None \
+                and self._fresh(trials)(pushed, slack):
+            return pushed, None
         found = self._flip(top, trials, directions, search_space, slack, dead, start_up)
         if found is not None or start_up:
             return found
@@ -204,6 +207,22 @@ class GuidedSampler(BaseSampler):
                                  for _ in range(TRIES)))
         return next(((c, None) for c in cands if fresh(c, slack)), None)
 
+    def _at_edge(self, top: TrialRecord, trials: Sequence[TrialRecord],
+                 search_space: dict[str, BaseDistribution]) -> dict[str, Any] | None:
+        """The incumbent with its pool at its own edge, where that is more than `EDGE_TOL`
+        above the pool it ran; None otherwise.  Its own run measured its forward
+        (`tuner.trial.kv_calibration`), so its edge is the model's best guess, and the best
+        configs of a KV-bound workload sit just under it; an OOM there bisects the real edge
+        (`KvEdge.edge`)."""
+        edge = self._edge
+        if edge is None or KV_SHARE not in search_space:
+            return None
+        rest = {k: top.params[k] for k in search_space if k != KV_SHARE}
+        pool = top.params.get(edge.param.name)
+        if pool is None or edge.edge(rest, trials) <= int(pool) * (1 + EDGE_TOL):
+            return None
+        return {**rest, KV_SHARE: 1.0}
+
     def _ascent(self, trials: Sequence[TrialRecord], directions: Sequence[Any],
                 search_space: dict[str, BaseDistribution],
                 runnable: Callable[[dict[str, Any]], bool]) -> dict[str, Any] | None:
@@ -223,7 +242,7 @@ class GuidedSampler(BaseSampler):
         tops = incumbents(trials, directions)
         if not tops:
             return None
-        tops = _distinct(tops)
+        tops = _distinct(tops, self._edge.param.name if self._edge is not None else None)
         top = tops[0] if start_up else self._rng.choice(tops)
         return top if search_space.keys() <= top.params.keys() else None
 
@@ -274,13 +293,16 @@ class GuidedSampler(BaseSampler):
         self._rng.seed()
 
 
-def _distinct(tops: list[TrialRecord]) -> list[TrialRecord]:
-    """The incumbents, of several with equal values only the first: a copy of the best
-    config at a pool that made no difference is not a second place to search from."""
+def _distinct(tops: list[TrialRecord], kv_name: str | None) -> list[TrialRecord]:
+    """The incumbents, of several with equal values only one: a copy of the best config at a
+    pool that made no difference is not a second place to search from.  The one with the
+    largest pool, else the first: its flips run at that pool, where a choice that needs room
+    for more requests shows what it is worth."""
     out: dict[tuple[float, ...], TrialRecord] = {}
-    for t in sorted(tops, key=lambda t: t.number):
+    for t in sorted(tops, key=lambda t: (-int(t.params.get(kv_name) or 0) if kv_name else 0,
+                                         t.number)):
         out.setdefault(tuple(t.values or ()), t)
-    return list(out.values())
+    return sorted(out.values(), key=lambda t: t.number)
 
 
 def guided(sampler: BaseSampler, edge: KvEdge | None, startup: int, seed: int | None,

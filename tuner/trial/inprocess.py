@@ -71,7 +71,7 @@ class InProcessRunner:
             error_class, error = judge_cell(sim.records, "unhealthy" if sim.error_class else None,
                                             sim.error)
             return CellResult(sim.cell, sim.records, sim.duration_s, sim.metrics,
-                              error_class, error)
+                              error_class, error, peak_bytes=int(sim.peak_bytes))
 
         results = drive(cells[:len(sims)], run_one, on_cell, keep_going)
         ran = sims[:len(results)]

@@ -4,9 +4,14 @@ Why: the estimate (`tuner.trial.memory_estimate`) is a model; its runtime overhe
 transient forward bytes are off by amounts that differ between servers, models and cells.  Each
 launched trial bounds that error: a start-up OOM proves the runtime larger than the room the
 weights and pool left, an OOM under load proves the forward scale `k` above (card - static) /
-forward for the cell it died in, and a healthy run proves it at most that.  `Calibration` keeps
-the bounds; `tuner.trial.kv_share` renders KV pools with them and `tuner.study.proposals`
-filters candidates with them.
+forward for the cell it died in, and a healthy run proves it at most that.  Where the card's
+memory high-water mark was read per cell (`tuner.server.memwatch`; the simulator's own figure),
+a cell that raised the mark measured its forward outright: mark - idle, a scale seen without an
+OOM, and the estimate's scale for that mechanism is at least the largest seen (before, the
+first OOM of each mechanism was what taught the scale: most OOM launches of the benchmark
+suite were configs just past an edge the uncalibrated estimate had put too high).
+`Calibration` keeps the bounds; `tuner.trial.kv_share` renders KV pools with them and
+`tuner.study.proposals` filters candidates with them.
 
 The Llama-3.1-70B / H200 and Llama-3.2-1B / RTX 3090 figures quoted here predate the fix of
 the in-process simulator (2026-12-01): those scenarios' feasible configs were then ones whose
@@ -17,11 +22,11 @@ mechanisms stay; those figures do not stand.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
-from tuner.study.record import TrialRecord
+from tuner.study.record import TrialRecord, config_key
 from tuner.trial.prescreen import HEALTHY, calibrated_runtime
 
 MIN_STEP = 0.05             # smallest correction of the forward scale worth a trial
@@ -38,19 +43,57 @@ class Calibration:
 
     runtime_floor: dict[bool, int]      # CUDA graphs -> a start-up OOM proves runtime above
     scale: dict[str, tuple[float, float]]  # mechanism -> (k proven above, k proven at most)
+    seen: dict[str, float] = field(default_factory=dict)  # mechanism -> largest k measured
+    # (a measured config's knobs but its pool, the scales it measured), per config
+    own: list[tuple[dict[str, Any], dict[str, float]]] = field(default_factory=list)
+    _near: dict[tuple[str, str], tuple[int, float]] = field(
+        default_factory=dict, compare=False, repr=False)
 
-    def k(self, cell: str, graph: bool = False) -> float:
+    def k(self, cell: str, graph: bool = False,
+          knobs: Mapping[str, Any] | None = None) -> float:
         """The forward scale the edge assumes for this mechanism (see module doc); with CUDA
-        graphs and no evidence of their own, what the runs without graphs taught."""
+        graphs and no evidence of their own, what the runs without graphs taught.  For a config
+        (`knobs`: its params but the pool) whose own run measured this mechanism, that
+        measurement; else the scale the nearest measured config saw (`nearest`), in place of
+        the estimate's 1.0.  The scale differs between configs (0.87 to 1.14 between the
+        healthy runs of one Llama-3.1-8B / RTX 4090 study), and the largest of all kept the
+        best configs' pools hundreds of MiB under their edge."""
         key = mechanism(cell, graph)
+        near = self.nearest(cell, graph, knobs) if knobs is not None else None
+        if near is not None and near[0] == 0:
+            return near[1]
         lo, hi = self.scale.get(key if key in self.scale else cell, (0.0, math.inf))
         if lo >= hi:        # the runs disagree (the error differs between configs): the OOMs win
             return lo + MIN_STEP
-        healthy = min(hi, 1.0)  # the estimate, or less where healthy runs proved it over
+        # the estimate (or the scale a high-water mark measured), or less where healthy runs
+        # proved it over
+        prior = near[1] if near is not None else \
+            self.seen.get(key if key in self.seen else cell, 1.0)
+        healthy = min(hi, prior)
         if lo < healthy:    # an OOM never makes the scale smaller than the healthy runs alone
             return healthy  # would: on 70B / H200 one did, and the filter admitted OOMs
         gallop = lo + max(lo - 1.0, MIN_STEP)   # double the under-estimate proven so far
         return min(gallop, (lo + hi) / 2)       # never past the middle of the bracket
+
+    def nearest(self, cell: str, graph: bool,
+                knobs: Mapping[str, Any]) -> tuple[int, float] | None:
+        """(knobs apart, scale) of the measured configs nearest `knobs` in this cell: the
+        fewest knobs set differently, the largest scale of those; None if none measured it.
+        A flip or a neighbour of a config errs as that config does more than as the study's
+        runs do on average.  A config with CUDA graphs also reads what configs without them
+        measured (the graph pool is allocated at start-up: the idle memory calibrates it), and
+        one of those is a knob apart: on the 8B / RTX 4090 scenario the graph flip of an
+        incumbent, sized by the one graph config run, far from it, ran at 0.72 of its pool."""
+        key = mechanism(cell, graph)
+        memo = (config_key(knobs), key)
+        if memo not in self._near:
+            found = [(sum(knobs.get(n) != v for n, v in theirs.items()),
+                      -scales.get(key, scales.get(cell, 0.0)))
+                     for theirs, scales in self.own if key in scales or cell in scales]
+            best = min(found, default=None)
+            self._near[memo] = (best[0], -best[1]) if best is not None else (-1, 0.0)
+        dist, scale = self._near[memo]
+        return None if dist < 0 else (dist, scale)
 
 
 def mechanism(cell: str, graph: bool) -> str:
@@ -76,10 +119,15 @@ def _cell_evidence(t: TrialRecord, attr: Mapping[str, Any]) -> list[tuple[str, b
             for i, k in enumerate(keys)]
 
 
-def calibrate(trials: Sequence[TrialRecord], capacity: int) -> Calibration:
-    """Bounds on runtime and forward scale from the OOMs and healthy runs seen so far."""
+def calibrate(trials: Sequence[TrialRecord], capacity: int,
+              knobs_of: Callable[[Mapping[str, Any]], dict[str, Any]] | None = None
+              ) -> Calibration:
+    """Bounds on runtime and forward scale from the OOMs and healthy runs seen so far;
+    `knobs_of(params)`: a config's params but its pool, for the scales each one measured."""
     floor = {False: 0, True: 0}
     scale: dict[str, tuple[float, float]] = {}
+    seen: dict[str, float] = {}
+    own: dict[str, tuple[dict[str, Any], dict[str, float]]] = {}
     runtimes = {g: calibrated_runtime(trials, g) for g in (False, True)}
     for t in trials:
         attr = _stored(t)
@@ -99,4 +147,29 @@ def calibrate(trials: Sequence[TrialRecord], capacity: int) -> Calibration:
             lo, hi = scale.get(key, (0.0, math.inf))
             bound = room / forward
             scale[key] = (max(lo, bound), hi) if failed else (lo, min(hi, bound))
-    return Calibration(floor, scale)
+        knobs = knobs_of(t.params) if knobs_of is not None else {}
+        mine = own.setdefault(config_key(knobs), (knobs, {}))[1]
+        for cell, measured in _measured_forwards(t).items():
+            if forwards.get(cell, 0) > 0:
+                key, ratio = mechanism(cell, graph), measured / forwards[cell]
+                seen[key] = max(seen.get(key, 0.0), ratio)
+                mine[key] = max(mine.get(key, 0.0), ratio)
+    mapped = [entry for entry in own.values() if entry[1]] if knobs_of is not None else []
+    return Calibration(floor, scale, seen, mapped)
+
+
+def _measured_forwards(t: TrialRecord) -> dict[str, int]:
+    """Cell key -> the transient bytes the cell measured (high-water mark - idle), for each held
+    cell that raised the mark: the mark only grows, so a cell that left it where it was
+    measured nothing of its own.  Empty without an idle reading or per-cell marks."""
+    if t.idle_bytes is None:
+        return {}
+    high, out = int(t.idle_bytes), {}
+    for row in t.cells:
+        mark, cell = row.get("peak_bytes"), row.get("cell")
+        if row.get("error_class") or mark is None or not isinstance(cell, Mapping):
+            break       # an OOM's mark holds the failed allocation, or no mark at all
+        if int(mark) > high:
+            out[str(cell.get("key"))] = int(mark) - int(t.idle_bytes)
+            high = int(mark)
+    return out

@@ -132,13 +132,19 @@ class KvEdge:
         est = estimate(self.model, knobs, list(self.cells),
                        runtime=max(runtime, cal.runtime_floor[knobs.cuda_graph] + 1))
         forwards = est.cell_forwards or ((est.peak_cell, est.forward),)
-        return est.static + est.runtime + max(cal.k(c, knobs.cuda_graph) * f for c, f in forwards)
+        mine = self.knobs_of(params)
+        return est.static + est.runtime + max(cal.k(c, knobs.cuda_graph, mine) * f
+                                              for c, f in forwards)
+
+    def knobs_of(self, params: Mapping[str, Any]) -> dict[str, Any]:
+        """A config's params but its pool (and the share it was drawn from)."""
+        return {k: v for k, v in params.items() if k not in (self.param.name, KV_SHARE)}
 
     def edge(self, params: dict[str, Any], trials: Sequence[TrialRecord]) -> int:
         """The largest KV value (on the knob's step) whose calibrated need fits the card,
         corrected by the outcomes of these very knobs (`bracket`)."""
         low, high, step = self._grid(params)
-        cal = calibrate(trials, self.capacity)
+        cal = calibrate(trials, self.capacity, self.knobs_of)
         graph = knobs_from_params(self.space, params).cuda_graph
         runtime = calibrated_runtime(trials, graph)
 
@@ -187,7 +193,7 @@ class KvEdge:
         OOMs and healthy runs disagree on the forward scale (the estimate's error differs
         between configs), the scale sides with the OOMs, and on Llama-3.1-70B / H200 the
         filter then turned away 291 of 496 candidates that run."""
-        cal = calibrate(trials, self.capacity)
+        cal = calibrate(trials, self.capacity, self.knobs_of)
         runtimes = {g: calibrated_runtime(trials, g) for g in (False, True)}
 
         def need(params: dict[str, Any], value: int) -> float:

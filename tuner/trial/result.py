@@ -37,7 +37,7 @@ class TrialResult:
     stage: Stage = Stage.FULL
     idle_bytes: int | None = None            # memory in use once healthy, before any request
     ports_taken: int | None = None           # launches lost to a port another process took
-    peak_bytes: int | None = None            # the simulator's peak (a real card: not known)
+    peak_bytes: int | None = None            # the memory high-water mark over the cells run
     sim_seconds: float | None = None         # simulated time of the cells (in-process runner)
     capacity_search: dict[str, Any] | None = None  # the load steps (tuner.bench.capacity)
     memory: dict[str, Any] | None = None     # the memory estimate's parts (trial.prescreen)
@@ -81,7 +81,8 @@ def cell_row(res: CellResult) -> dict[str, Any]:
     return {"cell": {"concurrency": c.concurrency, "input_len": c.input_len,
                      "output_len": c.output_len, "num_prompts": c.num_prompts,
                      "duration_s": c.duration_s, "request_rate": c.request_rate, "key": c.key},
-            "metrics": res.metrics, "error_class": res.error_class, "error": res.error}
+            "metrics": res.metrics, "error_class": res.error_class, "error": res.error,
+            **({"peak_bytes": res.peak_bytes} if res.peak_bytes is not None else {})}
 
 
 def drive(cells: Sequence[Cell], run_one: Callable[[int, Cell], CellResult],

@@ -16,6 +16,7 @@ from tuner.bench.capacity_http import http_capacity
 from tuner.bench.records import Cell
 from tuner.bench.runner import CellResult, run_cells
 from tuner.server.gpu import foreign_pids, read_gpu, wait_until_free
+from tuner.server.memwatch import MemoryWatch, watching
 from tuner.server.outcome import Evidence, classify
 from tuner.server.process import ServerProcess
 from tuner.server.start import start_server
@@ -61,8 +62,9 @@ def run_trial(ctx: TrialContext, params: dict[str, Any], trial_dir: Path,
             idle = read_gpu(ctx.gpu_index) if ctx.gpu_index is not None else None
             if idle is not None:  # the runtime overhead the pre-screen calibrates on
                 idle_bytes = idle.used_bytes - ctx.gpu_baseline_bytes
-            results = _drive_server(ctx, server, cells, trial_dir / "cells.jsonl",
-                                    on_cell, keep_going)
+            with watching(ctx.gpu_index, ctx.gpu_baseline_bytes) as watch:
+                results = _drive_server(ctx, server, cells, trial_dir / "cells.jsonl",
+                                        on_cell, keep_going, watch)
             if len(results) == len(cells) and not any(r.error_class for r in results):
                 capacity = _capacity(ctx, server, cells)
             health_failed, flaps = server.settled_health()
@@ -85,6 +87,8 @@ def run_trial(ctx: TrialContext, params: dict[str, Any], trial_dir: Path,
                        metrics=metrics, cells=[cell_row(r) for r in results],
                        argv=started.argv, env=started.env, wall_s=time.monotonic() - t0,
                        idle_bytes=idle_bytes, ports_taken=started.ports_taken or None,
+                       peak_bytes=max((r.peak_bytes for r in results if r.peak_bytes is not None),
+                                      default=None),
                        capacity_search=capacity)
 
 
@@ -96,17 +100,22 @@ def _wait_for_gpu(ctx: TrialContext) -> None:
 
 def _drive_server(ctx: TrialContext, server: ServerProcess, cells: list[Cell], sink_path: Path,
                   on_cell: Callable[[CellResult], None] | None,
-                  keep_going: KeepGoing | None) -> list[CellResult]:
-    """The cells against the running server, each row also appended to cells.jsonl at once."""
+                  keep_going: KeepGoing | None,
+                  watch: MemoryWatch | None = None) -> list[CellResult]:
+    """The cells against the running server, each row also appended to cells.jsonl at once,
+    with the memory high-water mark at the cell's end where `watch` reads one."""
     model_name = ctx.model_name or ctx.space.server.model_name or ctx.model_dir
 
     def run_one(i: int, cell: Cell) -> CellResult:
-        return run_cells(
+        res = run_cells(
             server.base_url, [cell], model_name=model_name, api=ctx.space.server.api,
             request_extra=ctx.space.server.request_extra, tokenizer_dir=ctx.model_dir,
             health_url=server.health_url, seed=ctx.workload.seed + i,
             warmup=ctx.workload.warmup if i == 0 else None,
             stall_timeout_s=ctx.stall_timeout_s / ctx.scale)[0]
+        if watch is not None:
+            res.peak_bytes = watch.mark()
+        return res
 
     with open(sink_path, "w") as sink:
         def record(res: CellResult) -> None:
