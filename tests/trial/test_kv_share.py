@@ -405,3 +405,31 @@ def test_a_config_without_a_mark_of_its_own_takes_the_scale_of_the_nearest_measu
     assert math.isclose(cal.k("big", knobs={"x": 2, "y": 3}), 0.9)
     assert math.isclose(cal.k("big", knobs={"x": 1, "y": 2}), 1.2)
     assert math.isclose(cal.k("big"), 1.2)             # no config named: the largest seen
+
+
+def test_the_incumbent_below_its_own_edge_is_pushed_to_it_once():
+    """An incumbent whose pool sits more than EDGE_TOL under its edge is proposed at share 1.0
+    (its edge); at its edge, nothing is pushed."""
+    from optuna.distributions import FloatDistribution
+
+    from tuner.study.proposals import GuidedSampler
+    from tuner.study.record import KV_SHARE
+
+    space = _space()
+    edge = KvEdge(space, MODEL, CAP, CELLS)
+    rest = {"block_size": 256, "max_num_batched_tokens": 4096}
+    top_edge = edge.edge(rest, [])
+    search_space = {"block_size": space.param("block_size").distribution(),
+                    "max_num_batched_tokens": space.param("max_num_batched_tokens").distribution(),
+                    KV_SHARE: FloatDistribution(0.0, 1.0)}
+    sampler = GuidedSampler(optuna.samplers.RandomSampler(seed=0), None, 0, edge=edge)
+
+    def top(pool):
+        return TrialRecord.of(optuna.trial.create_trial(
+            params={**rest, KV_SHARE: 0.5, "kv_cache_tokens": pool},
+            distributions={**search_space, "kv_cache_tokens": IntDistribution(1, 10 ** 6)},
+            values=[1.0], user_attrs={"outcome": "ok"}))
+    low = top(top_edge // 2)
+    assert sampler._at_edge(low, [low], search_space) == {**rest, KV_SHARE: 1.0}
+    at = top(top_edge)
+    assert sampler._at_edge(at, [at], search_space) is None

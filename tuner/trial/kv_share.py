@@ -16,7 +16,9 @@ The edge moves as the study learns (the seed's walk, 96 -> 80 -> 64 blocks, done
   S and forward F proves k > (card - S) / F; a healthy run proves k <= (card - S) / F.  The
   edge uses the lower bound plus the under-estimate it proves (at least `MIN_STEP`: twice the
   under-estimate), never past the middle of the interval.  With no OOM seen, k = 1 or what
-  healthy runs proved below it, and an OOM never lowers k below that.  Why not the middle
+  healthy runs proved below it, and an OOM never lowers k below that.  Where a run read the
+  card's memory high-water mark (`tuner.server.memwatch`), the scale it measured replaces the
+  1: a config's own, else the nearest measured config's (`Calibration.nearest`).  Why not the middle
   itself: an OOM near the edge bounds k tightly, a healthy run far below the edge loosely.  On
   the 8B / RTX 4090 scenario one graph OOM proved k > 1.004 and a healthy run at a small pool
   k <= 1.55; the middle, 1.28, put the graph edge of the incumbent's knobs at 10.2k tokens
