@@ -12,7 +12,7 @@ from tuner.search.bounds import resolve_space
 from tuner.search.model import load_model_info
 from tuner.search.space_file import load_space
 from tuner.study.record import TrialRecord
-from tuner.trial.kv_calibration import MIN_STEP, Calibration, calibrate
+from tuner.trial.kv_calibration import MIN_STEP, NEAR_KNOBS, Calibration, calibrate
 from tuner.trial.kv_share import KvEdge, kv_param, runnable
 from tuner.trial.memory_estimate import Estimate, estimate, knobs_from_params
 from tuner.trial.prescreen import estimate_attr
@@ -386,25 +386,40 @@ def test_a_cell_that_raised_the_memory_mark_measured_its_scale_without_an_oom():
     assert calibrate([run("ok", (None, None)), near], CAP).k("big") == 1.0
 
 
+def _marked(params, ratio):
+    """A healthy run of `params` whose one cell ("big", estimated 1 GiB of forward) raised the
+    memory mark `ratio` GiB over its idle 21 GiB: it measured the scale `ratio`."""
+    est = Estimate(15 * GIB, 4 * GIB, 2 * GIB, GIB, "big", cell_forwards=(("big", GIB),))
+    return TrialRecord.of(optuna.trial.create_trial(
+        params=params, values=[0.0],
+        distributions={n: IntDistribution(0, 100000) for n in params},
+        user_attrs={"memory_estimate": estimate_attr(est, False), "outcome": "ok",
+                    "idle_bytes": 21 * GIB, "cells": [{"cell": {"key": "big"},
+                    "error_class": None, "peak_bytes": int((21 + ratio) * GIB)}]}))
+
+
 def test_a_config_without_a_mark_of_its_own_takes_the_scale_of_the_nearest_measured():
     """Two measured configs: A (x=1, y=1) saw 1.2, B (x=2, y=2) saw 0.9.  A config measured
     itself gets its own scale; another the nearest's (fewest knobs apart; of a tie, the
     largest); the pool and the share never count as a difference."""
-    est = Estimate(15 * GIB, 4 * GIB, 2 * GIB, GIB, "big", cell_forwards=(("big", GIB),))
-
-    def run(x, y, ratio, pool):
-        return TrialRecord.of(optuna.trial.create_trial(
-            params={"x": x, "y": y, "kv": pool}, values=[0.0],
-            distributions={n: IntDistribution(0, 100000) for n in ("x", "y", "kv")},
-            user_attrs={"memory_estimate": estimate_attr(est, False), "outcome": "ok",
-                        "idle_bytes": 21 * GIB, "cells": [{"cell": {"key": "big"},
-                        "error_class": None, "peak_bytes": int((21 + ratio) * GIB)}]}))
-    cal = calibrate([run(1, 1, 1.2, 100), run(2, 2, 0.9, 200)], CAP,
+    cal = calibrate([_marked({"x": 1, "y": 1, "kv": 100}, 1.2),
+                     _marked({"x": 2, "y": 2, "kv": 200}, 0.9)], CAP,
                     lambda p: {k: v for k, v in p.items() if k != "kv"})
     assert math.isclose(cal.k("big", knobs={"x": 2, "y": 2}), 0.9)
     assert math.isclose(cal.k("big", knobs={"x": 2, "y": 3}), 0.9)
     assert math.isclose(cal.k("big", knobs={"x": 1, "y": 2}), 1.2)
     assert math.isclose(cal.k("big"), 1.2)             # no config named: the largest seen
+
+
+def test_a_config_many_knobs_from_every_measured_one_takes_the_largest_scale_seen():
+    """B (x=2, y=2, z=2) saw 0.9 and A (x=1, y=1, z=1) 1.2: a config NEAR_KNOBS knobs from B and
+    further from A takes B's 0.9; one more than NEAR_KNOBS from both, the largest seen (1.2)."""
+    cal = calibrate([_marked({"x": 1, "y": 1, "z": 1}, 1.2),
+                     _marked({"x": 2, "y": 2, "z": 2}, 0.9)], CAP, dict)
+    assert NEAR_KNOBS == 2
+    assert math.isclose(cal.k("big", knobs={"x": 2, "y": 5, "z": 5}), 0.9)
+    assert cal.nearest("big", False, {"x": 5, "y": 5, "z": 5}) is None
+    assert math.isclose(cal.k("big", knobs={"x": 5, "y": 5, "z": 5}), 1.2)
 
 
 def test_the_incumbent_below_its_own_edge_is_pushed_to_it_once():

@@ -30,6 +30,8 @@ from tuner.study.record import TrialRecord, config_key
 from tuner.trial.prescreen import HEALTHY, calibrated_runtime
 
 MIN_STEP = 0.05             # smallest correction of the forward scale worth a trial
+NEAR_KNOBS = 2              # a measured config this many knobs apart, or fewer, is near
+                            # (a local move changes one or two; see `Calibration.nearest`)
 
 
 def _stored(t: TrialRecord) -> Mapping[str, Any] | None:
@@ -78,11 +80,16 @@ class Calibration:
     def nearest(self, cell: str, graph: bool,
                 knobs: Mapping[str, Any]) -> tuple[int, float] | None:
         """(knobs apart, scale) of the measured configs nearest `knobs` in this cell: the
-        fewest knobs set differently, the largest scale of those; None if none measured it.
-        A flip or a neighbour of a config errs as that config does more than as the study's
-        runs do on average.  A config with CUDA graphs also reads what configs without them
-        measured (the graph pool is allocated at start-up: the idle memory calibrates it), and
-        one of those is a knob apart: on the 8B / RTX 4090 scenario the graph flip of an
+        fewest knobs set differently, the largest scale of those; None if none measured it or
+        the nearest is more than NEAR_KNOBS apart.  A flip or a neighbour of a config (one or
+        two knobs moved) errs as that config does more than as the study's runs do on average;
+        a draw that differs in most knobs from every measured config does not, and takes the
+        largest scale seen (`seen`): on the Llama-3.1-8B / RTX 4090 and Mistral-7B scenarios,
+        reading any distance cost 15 and 17 OOM launches after the first 5 of 350 measured
+        trials (10 seeds), the cap at two knobs 11 and 9 (results/search_efficiency.md).
+        A config with CUDA graphs also reads what configs without them measured (the graph
+        pool is allocated at start-up: the idle memory calibrates it), and one of those is a
+        knob apart: on the 8B / RTX 4090 scenario the graph flip of an
         incumbent, sized by the one graph config run, far from it, ran at 0.72 of its pool."""
         key = mechanism(cell, graph)
         memo = (config_key(knobs), key)
@@ -93,7 +100,7 @@ class Calibration:
             best = min(found, default=None)
             self._near[memo] = (best[0], -best[1]) if best is not None else (-1, 0.0)
         dist, scale = self._near[memo]
-        return None if dist < 0 else (dist, scale)
+        return None if dist < 0 or dist > NEAR_KNOBS else (dist, scale)
 
 
 def mechanism(cell: str, graph: bool) -> str:
