@@ -398,6 +398,19 @@ def _marked(params, ratio):
                     "error_class": None, "peak_bytes": int((21 + ratio) * GIB)}]}))
 
 
+def test_a_pool_allocated_on_first_use_is_not_counted_as_forward():
+    """Idle at weights + 0.5 GiB, under weights + pool (the server allocates its 4 GiB pool on
+    the first request): a mark 5.5 GiB over idle is the pool and 1.5 GiB of forward."""
+    est = Estimate(15 * GIB, 4 * GIB, 2 * GIB, GIB, "big", cell_forwards=(("big", GIB),))
+    run = TrialRecord.of(optuna.trial.create_trial(
+        params={"x": 1}, distributions={"x": IntDistribution(0, 2)}, values=[0.0],
+        user_attrs={"memory_estimate": estimate_attr(est, False), "outcome": "ok",
+                    "idle_bytes": int(15.5 * GIB), "cells": [
+                        {"cell": {"key": "big"}, "error_class": None,
+                         "peak_bytes": int(21 * GIB)}]}))
+    assert calibrate([run], 32 * GIB).seen == {"big": 1.5}
+
+
 def test_a_config_without_a_mark_of_its_own_takes_the_scale_of_the_nearest_measured():
     """Two measured configs: A (x=1, y=1) saw 1.2, B (x=2, y=2) saw 0.9.  A config measured
     itself gets its own scale; another the nearest's (fewest knobs apart; of a tie, the

@@ -156,7 +156,7 @@ def calibrate(trials: Sequence[TrialRecord], capacity: int,
             scale[key] = (max(lo, bound), hi) if failed else (lo, min(hi, bound))
         knobs = knobs_of(t.params) if knobs_of is not None else {}
         mine = own.setdefault(config_key(knobs), (knobs, {}))[1]
-        for cell, measured in _measured_forwards(t).items():
+        for cell, measured in _measured_forwards(t, attr).items():
             if forwards.get(cell, 0) > 0:
                 key, ratio = mechanism(cell, graph), measured / forwards[cell]
                 seen[key] = max(seen.get(key, 0.0), ratio)
@@ -165,18 +165,23 @@ def calibrate(trials: Sequence[TrialRecord], capacity: int,
     return Calibration(floor, scale, seen, mapped)
 
 
-def _measured_forwards(t: TrialRecord) -> dict[str, int]:
-    """Cell key -> the transient bytes the cell measured (high-water mark - idle), for each held
-    cell that raised the mark: the mark only grows, so a cell that left it where it was
-    measured nothing of its own.  Empty without an idle reading or per-cell marks."""
+def _measured_forwards(t: TrialRecord, attr: Mapping[str, Any]) -> dict[str, int]:
+    """Cell key -> the transient bytes the cell measured (high-water mark over the loaded
+    server), for each held cell that raised the mark: the mark only grows, so a cell that left
+    it where it was measured nothing of its own.  A server that allocates its pool on first use
+    (idle - weights under the pool: transformers serve idled at weights + 0.5 GiB with pools of
+    2 to 4 GiB on the H200) raises the mark by the pool in its first cell, so the pool is
+    counted in its base, not in the cell's forward.  Empty without an idle reading or marks."""
     if t.idle_bytes is None:
         return {}
-    high, out = int(t.idle_bytes), {}
+    idle = int(t.idle_bytes)
+    base = idle if idle - attr["weights"] >= attr["pool"] else idle + int(attr["pool"])
+    high, out = base, {}
     for row in t.cells:
         mark, cell = row.get("peak_bytes"), row.get("cell")
         if row.get("error_class") or mark is None or not isinstance(cell, Mapping):
             break       # an OOM's mark holds the failed allocation, or no mark at all
         if int(mark) > high:
-            out[str(cell.get("key"))] = int(mark) - int(t.idle_bytes)
+            out[str(cell.get("key"))] = int(mark) - base
             high = int(mark)
     return out
