@@ -5,7 +5,7 @@ import math
 from pathlib import Path
 
 import optuna
-from optuna.distributions import IntDistribution
+from optuna.distributions import FloatDistribution, IntDistribution
 
 from tuner.bench.records import Cell
 from tuner.search.bounds import resolve_space
@@ -409,6 +409,29 @@ def test_a_pool_allocated_on_first_use_is_not_counted_as_forward():
                         {"cell": {"key": "big"}, "error_class": None,
                          "peak_bytes": int(21 * GIB)}]}))
     assert calibrate([run], 32 * GIB).seen == {"big": 1.5}
+
+
+def test_a_server_seen_allocating_its_pool_on_first_use_does_so_at_every_pool():
+    """Two runs idle at weights + 0.5 GiB: one with a 4 GiB pool (idle under weights + pool:
+    the server allocates on first use), one with a 0.25 GiB pool (which alone would pass as
+    allocated at start-up).  Both marks are read over idle + pool, and the runtime is 0.5."""
+    from tuner.trial.prescreen import calibrated_runtime, pool_on_first_use
+
+    def run(pool_gib, mark_gib):
+        est = Estimate(15 * GIB, int(pool_gib * GIB), 2 * GIB, GIB, "big",
+                       cell_forwards=(("big", GIB),))
+        return TrialRecord.of(optuna.trial.create_trial(
+            params={"x": pool_gib}, distributions={"x": FloatDistribution(0, 8)}, values=[0.0],
+            user_attrs={"memory_estimate": estimate_attr(est, False), "outcome": "ok",
+                        "idle_bytes": int(15.5 * GIB), "cells": [
+                            {"cell": {"key": "big"}, "error_class": None,
+                             "peak_bytes": int(mark_gib * GIB)}]}))
+    small = run(0.25, 16.25)                     # forward 0.5 GiB over idle + pool
+    assert not pool_on_first_use([small])
+    both = [run(4.0, 20.0), small]
+    assert pool_on_first_use(both)
+    assert calibrate(both, 32 * GIB).seen == {"big": 0.5}
+    assert calibrated_runtime(both, False) == GIB // 2
 
 
 def test_a_config_without_a_mark_of_its_own_takes_the_scale_of_the_nearest_measured():

@@ -51,3 +51,39 @@ def test_prior_estimate_separates_the_real_ooms_from_the_healthy_configs(space_f
         assert skip == (t.outcome == "oom"), (t.number, t.outcome, est.need)
         seen[t.outcome] += 1
     assert seen == expected
+
+
+def test_the_calibrated_need_runs_the_pushes_to_the_edge_the_estimate_alone_skipped():
+    """benchmarks/results/h200-transformers-8b-r11: Llama-3.1-8B shape under 24 GiB.  Trials 6,
+    14, 18 and 22, each incumbent pushed to its edge, were skipped on the estimate (27.9-28.7
+    GiB); launched afterwards (skipcheck.db) all four ran healthy.  Replayed with the trials
+    before each, the need calibrated on the memory marks runs every one."""
+    from tuner.search.bounds import resolve_space
+    from tuner.trial.kv_share import KvEdge
+    from tuner.trial.prescreen import calibrated_runtime
+
+    r11 = RESULTS / "h200-transformers-8b-r11"
+    cells = list(load_workload(ROOT / "benchmarks" / "h200" / "workload.yaml").cells)
+    model = load_model_info(ROOT / "models" / "llama-3.1-8b")
+    cap = 24 * 2**30
+    space = resolve_space(load_space(ROOT / "search_spaces" / "transformers.yaml"), model, cap,
+                          cells)
+    edge = KvEdge(space, model, cap, tuple(cells))
+    study = records(optuna.load_study(study_name="h200-transformers-8b-r11-cap24",
+                                      storage=f"sqlite:///{r11 / 'study.db'}"),
+                    (optuna.trial.TrialState.COMPLETE,))
+    launched = records(optuna.load_study(study_name="skipcheck",
+                                         storage=f"sqlite:///{r11 / 'skipcheck.db'}"),
+                       (optuna.trial.TrialState.COMPLETE,))
+    pool = {t.params["cb_num_blocks"]: t.outcome for t in launched}
+    skipped = [t for t in study if t.outcome == "skipped"]
+    assert [t.number for t in skipped] == [6, 14, 18, 22]
+    for t in skipped:
+        before = [b for b in study if b.number < t.number]
+        params = dict(t.params)
+        knobs = knobs_from_params(space, params)
+        est = estimate(model, knobs, cells, runtime=calibrated_runtime(before, knobs.cuda_graph))
+        assert decide(est, cap, before).skip
+        assert not decide(est, cap, before, edge.calibrated_need(params, before),
+                          knobs.cuda_graph).skip
+        assert pool[params["cb_num_blocks"]] == "ok"

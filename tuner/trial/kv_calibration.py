@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tuner.study.record import TrialRecord, config_key
-from tuner.trial.prescreen import HEALTHY, calibrated_runtime
+from tuner.trial.prescreen import HEALTHY, calibrated_runtime, pool_on_first_use
 
 MIN_STEP = 0.05             # smallest correction of the forward scale worth a trial
 NEAR_KNOBS = 2              # a measured config this many knobs apart, or fewer, is near
@@ -136,6 +136,7 @@ def calibrate(trials: Sequence[TrialRecord], capacity: int,
     seen: dict[str, float] = {}
     own: dict[str, tuple[dict[str, Any], dict[str, float]]] = {}
     runtimes = {g: calibrated_runtime(trials, g) for g in (False, True)}
+    lazy = pool_on_first_use(trials)
     for t in trials:
         attr = _stored(t)
         if attr is None or t.outcome not in (*HEALTHY, "oom"):
@@ -156,7 +157,7 @@ def calibrate(trials: Sequence[TrialRecord], capacity: int,
             scale[key] = (max(lo, bound), hi) if failed else (lo, min(hi, bound))
         knobs = knobs_of(t.params) if knobs_of is not None else {}
         mine = own.setdefault(config_key(knobs), (knobs, {}))[1]
-        for cell, measured in _measured_forwards(t, attr).items():
+        for cell, measured in _measured_forwards(t, attr, lazy).items():
             if forwards.get(cell, 0) > 0:
                 key, ratio = mechanism(cell, graph), measured / forwards[cell]
                 seen[key] = max(seen.get(key, 0.0), ratio)
@@ -165,17 +166,16 @@ def calibrate(trials: Sequence[TrialRecord], capacity: int,
     return Calibration(floor, scale, seen, mapped)
 
 
-def _measured_forwards(t: TrialRecord, attr: Mapping[str, Any]) -> dict[str, int]:
+def _measured_forwards(t: TrialRecord, attr: Mapping[str, Any], lazy: bool) -> dict[str, int]:
     """Cell key -> the transient bytes the cell measured (high-water mark over the loaded
     server), for each held cell that raised the mark: the mark only grows, so a cell that left
     it where it was measured nothing of its own.  A server that allocates its pool on first use
-    (idle - weights under the pool: transformers serve idled at weights + 0.5 GiB with pools of
-    2 to 4 GiB on the H200) raises the mark by the pool in its first cell, so the pool is
-    counted in its base, not in the cell's forward.  Empty without an idle reading or marks."""
+    (`lazy`, `tuner.trial.prescreen.pool_on_first_use`) raises the mark by the pool in its first
+    cell, so the pool is counted in the base, not in the cell's forward.  Empty without an idle
+    reading or marks."""
     if t.idle_bytes is None:
         return {}
-    idle = int(t.idle_bytes)
-    base = idle if idle - attr["weights"] >= attr["pool"] else idle + int(attr["pool"])
+    base = int(t.idle_bytes) + (int(attr["pool"]) if lazy else 0)
     high, out = base, {}
     for row in t.cells:
         mark, cell = row.get("peak_bytes"), row.get("cell")

@@ -138,6 +138,15 @@ class KvEdge:
         return est.static + est.runtime + max(cal.k(c, knobs.cuda_graph, mine) * f
                                               for c, f in forwards)
 
+    def calibrated_need(self, params: dict[str, Any], trials: Sequence[TrialRecord]) -> float:
+        """The need of `params` (its pool included) with what the study's runs taught: the
+        pre-screen's figure where the memory marks measured the forward (`tuner.trial.prescreen`,
+        `decide`'s `calibrated`)."""
+        graph = knobs_from_params(self.space, params).cuda_graph
+        cal = calibrate(trials, self.capacity, self.knobs_of)
+        return self.need(params, int(params[self.param.name]), cal,
+                         calibrated_runtime(trials, graph))
+
     def knobs_of(self, params: Mapping[str, Any]) -> dict[str, Any]:
         """A config's params but its pool (and the share it was drawn from)."""
         return {k: v for k, v in params.items() if k not in (self.param.name, KV_SHARE)}

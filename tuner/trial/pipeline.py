@@ -93,7 +93,10 @@ class AdaptivePipeline:
         if self.prescreen and self.capacity is not None and sizes_kv:
             # Without a KV role the estimate knows neither the pool nor the largest forward, so
             # it has no business skipping anything (seen on the H200: every config skipped).
-            verdict = decide(est, self.capacity, trials)
+            edge = self.kv_edge
+            verdict = decide(est, self.capacity, trials,
+                             edge.calibrated_need(params, trials) if edge is not None else None,
+                             knobs_from_params(self.ctx.space, params).cuda_graph)
             if verdict.skip:
                 return self._skipped(params, verdict.reason)
         cells = stress_order(self.ctx.workload.cells, est)

@@ -6,20 +6,26 @@ own evidence:
 
 * runtime overhead: once a server was seen idle (`idle_bytes`: NVML on a real card, the
   simulator's figure in simulation), the measured idle - weights - pool replaces the prior
-  (idle - weights where the server had not allocated its pool yet: `_overhead`),
+  (idle - weights where the server allocates its pool on first use: `pool_on_first_use`),
   per CUDA-graph setting (the other setting is shifted by the prior's difference);
 * margin: before any evidence a config is skipped only when its need exceeds the card by
-  `PRIOR_MARGIN` (the estimate errs low, so this skips only the certain cases).  An OOM at need N
-  lowers the bar to N (+ OOM_MARGIN of the card) for configs whose largest forward comes from
-  the same cell (the same
-  failure mechanism: a long prefill and a wide decode are estimated with different errors, so
-  comparing needs across mechanisms skipped healthy configs in the benchmark) and whose
-  forward is no smaller (the estimate's error grows with the forward: on the H200
-  transformers study two OOMs of 16k- and 54k-token batches, estimated at 18.5 GiB, got a
-  config with a 3k-token batch and a larger pool, estimated at 21.5 GiB of a 24 GiB card,
-  skipped without a run); a
-  healthy run at need H raises it to at least H: a config whose need is at or below one seen
-  running healthy is never skipped, whatever the OOMs say.
+  `PRIOR_MARGIN` (the estimate errs low, so this skips only the certain cases).  Where the
+  study's memory marks measured the forward smaller than estimated
+  (`tuner.trial.kv_calibration`), that rule reads the calibrated need, the figure the KV edge
+  is drawn with: on the H200 transformers study of Llama-3.1-8B under 24 GiB the forward
+  measured 0.23 to 0.4 of the estimate, and the estimate alone skipped four pushes to the edge,
+  48k- to 51k-token pools predicted at 27.9 to 28.7 GiB, that ran healthy at 22.6 to 22.9 GiB
+  when launched (benchmarks/results/h200-transformers-8b-r11).
+* OOMs: an OOM at need N lowers the bar to N (+ OOM_MARGIN of the card) for configs whose
+  largest forward comes from the same cell, with the same CUDA-graph setting (the same failure
+  mechanism: a long prefill and a wide decode are estimated with different errors, so comparing
+  needs across mechanisms skipped healthy configs in the benchmark; in r11 one OOM without
+  graphs skipped the graph configs above), and whose forward is no smaller (the estimate's
+  error grows with the forward: on the H200 transformers study two OOMs of 16k- and 54k-token
+  batches, estimated at 18.5 GiB, got a config with a 3k-token batch and a larger pool,
+  estimated at 21.5 GiB of a 24 GiB card, skipped without a run);
+* healthy runs: a healthy run at need H raises the bar to at least H: a config whose need is
+  at or below one seen running healthy is never skipped, whatever the OOMs say.
 
 Skipped trials are COMPLETE with constraint feasible=1 (the sampler learns the region is
 infeasible), outcome 'skipped', with predicted_peak_bytes / capacity_bytes in their record.
@@ -70,10 +76,13 @@ def _stored(t: TrialRecord) -> Mapping[str, Any] | None:
 def calibrated_runtime(trials: Sequence[TrialRecord], cuda_graph: bool) -> int:
     """Median measured runtime overhead for this graph setting (see module doc), else the prior."""
     seen: dict[bool, list[int]] = {False: [], True: []}
+    lazy = pool_on_first_use(trials)
     for t in trials:
         attr, idle = _stored(t), t.idle_bytes
         if attr is not None and idle is not None and idle > 0:
-            seen[bool(attr["cuda_graph"])].append(_overhead(int(idle), attr))
+            beyond = int(idle) - attr["weights"]
+            seen[bool(attr["cuda_graph"])].append(max(0, beyond) if lazy
+                                                  else beyond - attr["pool"])
     if seen[cuda_graph]:
         return int(statistics.median(seen[cuda_graph]))
     other = seen[not cuda_graph]
@@ -86,29 +95,36 @@ def calibrated_runtime(trials: Sequence[TrialRecord], cuda_graph: bool) -> int:
     return runtime_prior(cuda_graph)
 
 
-def _overhead(idle: int, attr: Mapping[str, Any]) -> int:
-    """What an idle server holds beyond its weights and pool.  A server that allocates its pool
-    on first use holds less than weights + pool when idle: then its idle memory minus the
-    weights is the overhead.  (transformers serve idled at the same 15.5 GiB with pools of 2
-    to 4 GiB on the H200; idle - weights - pool came out at -3.5 to -2 GiB, and a config was
-    skipped against an OOM whose need that negative runtime had lowered.)"""
-    beyond = idle - attr["weights"]
-    return beyond - attr["pool"] if beyond >= attr["pool"] else max(0, beyond)
+def pool_on_first_use(trials: Sequence[TrialRecord]) -> bool:
+    """Whether the server allocates its pool on first use, not at start-up: some run idled
+    under its weights + pool.  Then idle - weights is the runtime overhead, and the pool is
+    allocated in the first cell.  (transformers serve idled at the same 15.5 GiB with pools of
+    0.4 to 6 GiB on the H200; idle - weights - pool came out at -3.5 to -2 GiB, and a config
+    was skipped against an OOM whose need that negative runtime had lowered.  Judged per run,
+    the 0.36 GiB pool under its 0.52 GiB overhead passed as allocated at start-up.)"""
+    return any(int(t.idle_bytes) - a["weights"] < a["pool"] for t in trials
+               if (a := _stored(t)) is not None and t.idle_bytes is not None and t.idle_bytes > 0)
 
 
 def _need(attr: Mapping[str, Any], runtime: Mapping[bool, int]) -> int:
     return int(attr["weights"] + attr["pool"] + attr["forward"] + runtime[bool(attr["cuda_graph"])])
 
 
-def decide(est: Estimate, capacity: int, trials: Sequence[TrialRecord]) -> Decision:
-    """Skip or run a config whose (calibrated) estimate is `est`, given the study so far."""
+def decide(est: Estimate, capacity: int, trials: Sequence[TrialRecord],
+           calibrated: float | None = None, graph: bool = False) -> Decision:
+    """Skip or run a config whose (calibrated) estimate is `est` and CUDA-graph setting
+    `graph`, given the study so far; `calibrated`: its need with the forward scale the study
+    measured (see module doc), which the margin rule reads where it is lower.  The OOM rule
+    compares estimates of one mechanism, so it keeps the estimate."""
     need = est.need
+    certain = need if calibrated is None else min(need, int(calibrated))
     runtime = {g: calibrated_runtime(trials, g) for g in (False, True)}  # once, not per trial
     healthy = [_need(a, runtime) for t in trials
                if (a := _stored(t)) is not None and t.outcome in HEALTHY]
     oom = [_need(a, runtime) for t in trials
            if (a := _stored(t)) is not None and t.outcome == "oom"
-           and a.get("peak_cell") == est.peak_cell and a["forward"] <= est.forward]
+           and a.get("peak_cell") == est.peak_cell and bool(a["cuda_graph"]) == graph
+           and a["forward"] <= est.forward]
     prior = int(capacity * (1 + PRIOR_MARGIN))
     floor = max(healthy, default=0)
     bar = min([prior, *oom])
@@ -117,9 +133,9 @@ def decide(est: Estimate, capacity: int, trials: Sequence[TrialRecord]) -> Decis
     if need <= floor:
         return Decision(False, need, threshold,
                         f"needs {need / gib:.2f} GiB, no more than a config seen healthy")
-    if need > prior:
+    if certain > prior:
         return Decision(True, need, threshold,
-                        f"predicted peak {need / gib:.2f} GiB exceeds the card's "
+                        f"predicted peak {certain / gib:.2f} GiB exceeds the card's "
                         f"{capacity / gib:.2f} GiB by more than {PRIOR_MARGIN:.0%}")
     if oom and need >= min(oom) + OOM_MARGIN * capacity:
         return Decision(True, need, threshold,
