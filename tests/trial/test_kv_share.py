@@ -12,7 +12,7 @@ from tuner.search.bounds import resolve_space
 from tuner.search.model import load_model_info
 from tuner.search.space_file import load_space
 from tuner.study.record import TrialRecord
-from tuner.trial.kv_calibration import MIN_STEP, NEAR_KNOBS, Calibration, calibrate
+from tuner.trial.kv_calibration import MIN_STEP, Calibration, calibrate
 from tuner.trial.kv_share import KvEdge, kv_param, runnable
 from tuner.trial.memory_estimate import Estimate, estimate, knobs_from_params
 from tuner.trial.prescreen import estimate_attr
@@ -445,17 +445,6 @@ def test_a_config_without_a_mark_of_its_own_takes_the_scale_of_the_nearest_measu
     assert math.isclose(cal.k("big", knobs={"x": 2, "y": 3}), 0.9)
     assert math.isclose(cal.k("big", knobs={"x": 1, "y": 2}), 1.2)
     assert math.isclose(cal.k("big"), 1.2)             # no config named: the largest seen
-
-
-def test_a_config_many_knobs_from_every_measured_one_takes_the_largest_scale_seen():
-    """B (x=2, y=2, z=2) saw 0.9 and A (x=1, y=1, z=1) 1.2: a config NEAR_KNOBS knobs from B and
-    further from A takes B's 0.9; one more than NEAR_KNOBS from both, the largest seen (1.2)."""
-    cal = calibrate([_marked({"x": 1, "y": 1, "z": 1}, 1.2),
-                     _marked({"x": 2, "y": 2, "z": 2}, 0.9)], CAP, dict)
-    assert NEAR_KNOBS == 2
-    assert math.isclose(cal.k("big", knobs={"x": 2, "y": 5, "z": 5}), 0.9)
-    assert cal.nearest("big", False, {"x": 5, "y": 5, "z": 5}) is None
-    assert math.isclose(cal.k("big", knobs={"x": 5, "y": 5, "z": 5}), 1.2)
 
 
 def test_the_incumbent_below_its_own_edge_is_pushed_to_it_once():
