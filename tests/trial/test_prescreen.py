@@ -39,6 +39,19 @@ def test_an_oom_lowers_the_bar_to_its_need_plus_a_margin_for_the_same_mechanism(
     assert decide(_est(7.5, forward_gib=1.5), CAP, history).skip
 
 
+def test_an_oom_bars_only_configs_with_its_own_cuda_graph_setting():
+    history = [_trial(_est(6.0), "oom", graph=False)]
+    assert decide(_est(7.0), CAP, history, graph=False).skip
+    assert not decide(_est(7.0), CAP, history, graph=True).skip
+
+
+def test_the_margin_rule_reads_the_calibrated_need_where_it_is_lower():
+    hopeless = _est(12.0)                                    # 30 GiB on the estimate alone
+    assert decide(hopeless, CAP, [], calibrated=hopeless.need).skip
+    assert not decide(hopeless, CAP, [], calibrated=22 * GIB).skip   # measured forwards fit
+    assert decide(hopeless, CAP, [], calibrated=40 * GIB).skip       # never above the estimate
+
+
 def test_never_skip_at_or_below_a_healthy_need():
     history = [_trial(_est(6.0), "oom"), _trial(_est(7.0), "ok")]   # inconsistent evidence
     assert not decide(_est(7.0), CAP, history).skip

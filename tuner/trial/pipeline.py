@@ -32,7 +32,7 @@ from tuner.study.pareto import on_front
 from tuner.study.record import Stage, TrialRecord, records
 from tuner.trial.context import TrialContext
 from tuner.trial.kv_share import KvEdge, kv_param
-from tuner.trial.memory_estimate import Estimate, estimate, knobs_from_params
+from tuner.trial.memory_estimate import Estimate, Knobs, estimate, knobs_from_params
 from tuner.trial.prescreen import calibrated_runtime, decide, estimate_attr, memory_constraint
 from tuner.trial.result import KeepGoing, TrialResult
 from tuner.trial.run import run_trial
@@ -79,7 +79,7 @@ class AdaptivePipeline:
         knobs = knobs_from_params(self.ctx.space, params)
         est = estimate(self.model, knobs, list(self.ctx.workload.cells),
                        runtime=calibrated_runtime(trials, knobs.cuda_graph))
-        result = self._run(trials, params, trial_dir, est, knobs.kv_tokens is not None)
+        result = self._run(trials, params, trial_dir, est, knobs)
         result.memory = estimate_attr(est, knobs.cuda_graph)
         result.predicted_peak_bytes = est.need
         if self.capacity is not None:
@@ -89,14 +89,14 @@ class AdaptivePipeline:
         return result
 
     def _run(self, trials: list[TrialRecord], params: dict[str, Any], trial_dir: Path,
-             est: Estimate, sizes_kv: bool) -> TrialResult:
-        if self.prescreen and self.capacity is not None and sizes_kv:
+             est: Estimate, knobs: Knobs) -> TrialResult:
+        if self.prescreen and self.capacity is not None and knobs.kv_tokens is not None:
             # Without a KV role the estimate knows neither the pool nor the largest forward, so
             # it has no business skipping anything (seen on the H200: every config skipped).
             edge = self.kv_edge
             verdict = decide(est, self.capacity, trials,
                              edge.calibrated_need(params, trials) if edge is not None else None,
-                             knobs_from_params(self.ctx.space, params).cuda_graph)
+                             knobs.cuda_graph)
             if verdict.skip:
                 return self._skipped(params, verdict.reason)
         cells = stress_order(self.ctx.workload.cells, est)
