@@ -58,8 +58,13 @@ class _Edge:
     pools: dict[int, int]
     param: Any = field(default_factory=lambda: type("P", (), {"name": "kv"})())
 
+    useful_pool: int | None = None
+
     def value(self, params, share, trials):
         return int(share * self.pools[params["budget"]])
+
+    def useful(self, params):
+        return self.useful_pool
 
 
 def test_a_pool_trade_lowers_the_number_that_frees_the_most_pool_once_per_incumbent():
@@ -73,6 +78,17 @@ def test_a_pool_trade_lowers_the_number_that_frees_the_most_pool_once_per_incumb
     # once a run has tried the incumbent with one number lowered, no second trade
     tried = _run(1, {**move, "cap": 8}, 5.5, kv=13000)
     assert pool_trade(top, space, edge, [top, tried]) is None
+
+
+def test_a_pool_trade_counts_the_pool_only_up_to_the_workloads_peak_demand():
+    """The budget's step would grow the pool 9000 -> 13000 tokens, but 9100 hold every request
+    the workload has in flight: no trade."""
+    space = {**SPACE, "kv_share": FloatDistribution(0.0, 1.0)}
+    top = _run(0, {"cap": 8, "y": 0.5, "budget": 16384, "kv_share": 1.0}, 5.0, kv=9000)
+    pools = {16384: 9000, 6889: 13000}
+    assert pool_trade(top, space, _Edge(pools, useful_pool=9100), [top]) is None
+    move = pool_trade(top, space, _Edge(pools, useful_pool=12000), [top])
+    assert move is not None and move["budget"] == 6889
 
 
 def test_while_no_run_met_its_slo_a_local_turn_climbs_from_the_run_that_missed_least():

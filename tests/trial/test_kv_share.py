@@ -13,7 +13,7 @@ from tuner.search.model import load_model_info
 from tuner.search.space_file import load_space
 from tuner.study.record import TrialRecord
 from tuner.trial.kv_calibration import MIN_STEP, Calibration, calibrate
-from tuner.trial.kv_share import KvEdge, kv_param, runnable
+from tuner.trial.kv_share import KvEdge, kv_param, peak_demand, runnable
 from tuner.trial.memory_estimate import Estimate, estimate, knobs_from_params
 from tuner.trial.prescreen import estimate_attr
 
@@ -306,6 +306,39 @@ def test_a_pool_in_blocks_holds_the_largest_request_at_every_block_size():
     assert edge.floors() == {32: 67}     # what the tune banner adds to the range [64, ...]
 
 
+def test_the_peak_demand_is_the_heaviest_cell_in_whole_blocks_and_unbounded_with_a_source():
+    """Every request of a cell in flight at once, with its template, in whole blocks; a cell
+    of fewer prompts than its concurrency never has more in flight; prompts from a source can
+    share prefixes a larger pool keeps cached, so their demand has no bound."""
+    from tuner.bench.sources import SharedPrefixSource
+    from tuner.search.bounds import TEMPLATE_TOKENS
+    cells = (Cell(4, 4096, 256, 8), Cell(64, 100, 28, 2))
+    per = 4096 + 256 + TEMPLATE_TOKENS
+    assert peak_demand(cells, 1) == 4 * per
+    assert peak_demand(cells, 256) == 4 * -(-per // 256) * 256
+    assert peak_demand((Cell(64, 100, 28, 2),), 16) == 2 * 192
+    shared = Cell(8, 512, 64, 16, source=SharedPrefixSource(2, 256, 64, 2, 64))
+    assert peak_demand((*cells, shared), 16) is None
+    assert peak_demand((), 16) is None
+
+
+def test_the_useful_pool_is_the_peak_demand_in_the_knobs_units():
+    """In tokens for the InfiniLM space, in blocks of the config's block size for the
+    transformers space; never above the range."""
+    cells = (Cell(4, 4096, 256, 8),)
+    space = resolve_space(load_space(ROOT / "search_spaces" / "infinilm.yaml"), MODEL, CAP,
+                          cells)
+    edge = KvEdge(space, MODEL, CAP, cells)
+    assert edge.useful({"block_size": 64}) == peak_demand(cells, 64)
+    blocks = resolve_space(load_space(ROOT / "search_spaces" / "transformers.yaml"), MODEL, CAP,
+                           cells)
+    edge = KvEdge(blocks, MODEL, CAP, cells)
+    assert edge.useful({"cb_block_size": 32}) == peak_demand(cells, 32) // 32
+    huge = (Cell(10 ** 4, 4096, 256, 10 ** 4),)
+    assert KvEdge(blocks, MODEL, CAP, huge).useful({"cb_block_size": 32}) == \
+        edge.param.bounds[1]
+
+
 def test_a_block_size_flip_keeps_the_pools_tokens_not_its_block_count():
     from tuner.study.flips import at_pool
     cells = (Cell(32, 2048, 32, 32),)
@@ -447,29 +480,41 @@ def test_a_config_without_a_mark_of_its_own_takes_the_scale_of_the_nearest_measu
     assert math.isclose(cal.k("big"), 1.2)             # no config named: the largest seen
 
 
-def test_the_incumbent_below_its_own_edge_is_pushed_to_it_once():
+def test_the_incumbent_below_its_own_edge_is_pushed_to_it_or_to_the_peak_demand_once():
     """An incumbent whose pool sits more than EDGE_TOL under its edge is proposed at share 1.0
-    (its edge); at its edge, nothing is pushed."""
+    (its edge), or, where the workload's heaviest cell needs less, at the pool that holds that
+    cell's requests all at once; at that pool, nothing is pushed."""
     from optuna.distributions import FloatDistribution
 
     from tuner.study.proposals import GuidedSampler
     from tuner.study.record import KV_SHARE
 
     space = _space()
-    edge = KvEdge(space, MODEL, CAP, CELLS)
     rest = {"block_size": 256, "max_num_batched_tokens": 4096}
-    top_edge = edge.edge(rest, [])
     search_space = {"block_size": space.param("block_size").distribution(),
                     "max_num_batched_tokens": space.param("max_num_batched_tokens").distribution(),
                     KV_SHARE: FloatDistribution(0.0, 1.0)}
-    sampler = GuidedSampler(optuna.samplers.RandomSampler(seed=0), None, 0, edge=edge)
 
     def top(pool):
         return TrialRecord.of(optuna.trial.create_trial(
             params={**rest, KV_SHARE: 0.5, "kv_cache_tokens": pool},
             distributions={**search_space, "kv_cache_tokens": IntDistribution(1, 10 ** 6)},
             values=[1.0], user_attrs={"outcome": "ok"}))
+    heavy = (Cell(64, 4096, 256, 64),)           # 64 x 4608 tokens: more than the card holds
+    edge = KvEdge(space, MODEL, CAP, heavy)
+    top_edge = edge.edge(rest, [])
+    assert edge.useful(rest) > top_edge
+    sampler = GuidedSampler(optuna.samplers.RandomSampler(seed=0), None, 0, edge=edge)
     low = top(top_edge // 2)
     assert sampler._at_edge(low, [low], search_space) == {**rest, KV_SHARE: 1.0}
     at = top(top_edge)
+    assert sampler._at_edge(at, [at], search_space) is None
+
+    edge = KvEdge(space, MODEL, CAP, CELLS)      # 4 x 4608 tokens in 256-token blocks
+    assert edge.useful(rest) == 4 * 4608 < edge.edge(rest, [])
+    sampler = GuidedSampler(optuna.samplers.RandomSampler(seed=0), None, 0, edge=edge)
+    low = top(4 * 4608 // 2)
+    pushed = sampler._at_edge(low, [low], search_space)
+    assert edge.value(rest, pushed[KV_SHARE], [low]) == 4 * 4608
+    at = top(4 * 4608)
     assert sampler._at_edge(at, [at], search_space) is None

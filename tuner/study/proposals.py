@@ -209,8 +209,9 @@ class GuidedSampler(BaseSampler):
 
     def _at_edge(self, top: TrialRecord, trials: Sequence[TrialRecord],
                  search_space: dict[str, BaseDistribution]) -> dict[str, Any] | None:
-        """The incumbent with its pool at its own edge, where that is more than `EDGE_TOL`
-        above the pool it ran; None otherwise.  Its own run measured its forward
+        """The incumbent with its pool at its own edge, or at the pool that holds the
+        workload's peak demand where that is lower (`KvEdge.useful`), where that is more than
+        `EDGE_TOL` above the pool it ran; None otherwise.  Its own run measured its forward
         (`tuner.trial.kv_calibration`), so its edge is the model's best guess, and the best
         configs of a KV-bound workload sit just under it; an OOM there bisects the real edge
         (`KvEdge.edge`)."""
@@ -219,9 +220,13 @@ class GuidedSampler(BaseSampler):
             return None
         rest = {k: top.params[k] for k in search_space if k != KV_SHARE}
         pool = top.params.get(edge.param.name)
-        if pool is None or edge.edge(rest, trials) <= int(pool) * (1 + EDGE_TOL):
+        target = edge.edge(rest, trials)
+        useful = edge.useful(rest)
+        if useful is not None and useful < target:
+            target = useful
+        if pool is None or target <= int(pool) * (1 + EDGE_TOL):
             return None
-        return {**rest, KV_SHARE: 1.0}
+        return {**rest, KV_SHARE: edge.share_of(rest, target, trials)}
 
     def _ascent(self, trials: Sequence[TrialRecord], directions: Sequence[Any],
                 search_space: dict[str, BaseDistribution],
