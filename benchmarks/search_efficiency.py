@@ -12,7 +12,8 @@ config run on the full matrix, stress cell first).  The searches are not limited
 can beat it, so the reference each ratio divides by is the larger of that and the best config any
 study of the scenario found (the best known).  Methods, 10 seeds, one 40-measured-trial study
 per seed and method (budgets 10, 20, 30 are its prefixes of measured trials; the tuner's TPE
-start-up length is set for 40):
+start-up length is set for 40; with --per-budget the tuner is rated at 10, 20 and 30 on a study
+of that many trials, as `tuner tune --trials N` runs it, its start-up set for N):
 * tuner: `tune`'s defaults (KV as a share of the headroom, pre-screen, 3 screening cells,
   runnable default as trial 0, multivariate TPE with constraints, guided proposals:
   `tuner.study.proposals`);
@@ -26,7 +27,7 @@ skips, and the candidates the proposals' memory filter rejected, each checked at
 pool on the simulator); OOM launches <= 10% of the tuner's measured trials after its first 5.
 Prints one table (benchmarks/search_report.py); exits 1 when a target fails.
 
-Usage: python benchmarks/search_efficiency.py [--seeds 10] [--procs 2] [--scenarios a,b]
+Usage: python benchmarks/search_efficiency.py [--seeds 10] [--procs 2] [--scenarios a,b] [--per-budget]
 (ground truth and finished studies are cached under benchmarks/out/, per version of the tuner's
 code and the scenarios; after editing run_study, delete benchmarks/out/studies/)
 """
@@ -164,19 +165,20 @@ def ground_truth(sc: Scenario, pool: Any) -> list[dict[str, Any]]:
 
 
 # ----- one study ---------------------------------------------------------------------------
-def run_study(job: tuple[str, str, int]) -> dict[str, Any]:
-    """40 measured trials of one method and seed; per-trial facts (cached per code version)."""
+def run_study(job: tuple[str, str, int] | tuple[str, str, int, int]) -> dict[str, Any]:
+    """40 measured trials of one method and seed, or as many as the job's fourth item says;
+    per-trial facts (cached per code version)."""
     path = OUT / "studies" / fingerprint(method=job[1]) / ("-".join(map(str, job)) + ".pkl")
     if path.is_file():
         return pickle.loads(path.read_bytes())
-    name, method, seed = job
+    name, method, seed = job[:3]
+    budget = job[3] if len(job) > 3 else BUDGETS[-1]
     sc = by_name(name)
     ctx, model, cap = setting(sc)
     objectives = parse_objectives(["max output_throughput"])
     tuner = method == "tuner"
     pipeline = AdaptivePipeline(ctx, objectives, model, cap, runner=InProcessRunner(sc.gpu),
                                 prescreen=tuner, screen_cells=3 if tuner else 0, kv_share=tuner)
-    budget = BUDGETS[-1]
     if method == "grid":
         sampler = optuna.samplers.GridSampler(grid_of(ctx.space), seed=seed)
     elif method == "tpe":
@@ -195,7 +197,8 @@ def run_study(job: tuple[str, str, int]) -> dict[str, Any]:
         study.optimize(objective, n_trials=budget - len(counted(study)))
     rows = [_row(sc, t) for t in sorted(study.trials, key=lambda t: t.number)]
     away = _turned_away(sc, ctx.space, getattr(sampler, "turned_away", []))
-    res = {"scenario": name, "method": method, "seed": seed, "rows": rows, "away": away}
+    res = {"scenario": name, "method": method, "seed": seed, "budget": budget, "rows": rows,
+           "away": away}
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_bytes(pickle.dumps(res))
     return res
@@ -255,6 +258,9 @@ def main() -> int:
                     help="comma-separated names (default: the suite's five); also: "
                     + ", ".join(s.name for s in UNSEEN))
     ap.add_argument("--truth-only", action="store_true", help="compute the ground truths and stop")
+    ap.add_argument("--per-budget", action="store_true",
+                    help="also run the tuner as `tuner tune --trials N` does for N = 10, 20, 30 "
+                    "(its start-up set for N), and rate it at N on that study")
     args = ap.parse_args()
     known = [s.name for s in (*SCENARIOS, *UNSEEN)]
     if unknown := [n for n in args.scenarios.split(",") if n not in known]:
@@ -273,7 +279,10 @@ def main() -> int:
                   f"[{time.time() - t0:.0f} s]", flush=True)
             if args.truth_only:
                 continue
-            jobs = [(sc.name, m, s) for m in METHODS for s in range(args.seeds)]
+            jobs: list[Any] = [(sc.name, m, s) for m in METHODS for s in range(args.seeds)]
+            if args.per_budget:
+                jobs += [(sc.name, "tuner", s, b) for b in BUDGETS[:-1]
+                         for s in range(args.seeds)]
             results = pool.map(run_study, jobs)
             found = max(r["best"] for res in results for r in res["rows"])
             truth_best, best = best, max(best, found)  # the grid can miss the optimum

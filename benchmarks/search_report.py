@@ -28,11 +28,15 @@ def prefix(rows: list[dict[str, Any]], budget: int) -> list[dict[str, Any]]:
 def scenario_table(sc: Scenario, results: list[dict[str, Any]], best: float,
                    n_seeds: int) -> list[str]:
     """One block of the table, and the failed targets appended to `fails`."""
-    per = {m: {r["seed"]: r["rows"] for r in results if r["method"] == m} for m in METHODS}
+    per = {m: {r["seed"]: r["rows"] for r in results if r["method"] == m
+               and r.get("budget", BUDGETS[-1]) == BUDGETS[-1]} for m in METHODS}
+    own = {(r["seed"], r["budget"]): r["rows"] for r in results  # --per-budget studies
+           if r["method"] == "tuner" and r.get("budget", BUDGETS[-1]) != BUDGETS[-1]}
     lines, fails = [], []
     for budget in BUDGETS:
-        ratios = {m: {s: max((r["best"] for r in prefix(rows, budget)), default=0.0) / best
-                      for s, rows in per[m].items()} for m in METHODS}
+        ratios = {m: {s: max((r["best"] for r in prefix(
+            own.get((s, budget), rows) if m == "tuner" else rows, budget)), default=0.0) / best
+            for s, rows in per[m].items()} for m in METHODS}
         rnd = ratios["random"]
         cells = []
         for m in METHODS:
