@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -58,7 +59,9 @@ def test_tune_export_inspect_on_the_simulator(tmp_path, capsys):
     assert len(trials) == 4 and all(t.state == optuna.trial.TrialState.COMPLETE for t in trials)
     for t in trials:
         assert t.constraints["feasible"] == (0.0 if t.user_attrs["outcome"] == "ok" else 1.0)
-    capsys.readouterr()
+    banner = capsys.readouterr().out   # the resolved KV range and the workload's peak demand
+    assert re.search(r"kv_cache_tokens: \[\d+, \d+\] for this model on a 24\.0 GiB card "
+                     r"\(high: auto\), .*the heaviest cell holds \d+ tokens at once", banner)
     assert main(["inspect", "--study", "e2e", "--studies-dir", str(studies), "--format", "json",
                  "--no-report"]) == 0
     doc = json.loads(capsys.readouterr().out)

@@ -11,6 +11,7 @@ from optuna.trial import TrialState
 from tuner.output.knob_check import describe, knob_report
 from tuner.search.space import SearchSpace
 from tuner.study.record import Stage, TrialRecord, records
+from tuner.trial.kv_share import peak_demand
 from tuner.trial.pipeline import AdaptivePipeline
 
 
@@ -35,6 +36,11 @@ def print_bounds(space: SearchSpace, pipeline: AdaptivePipeline) -> None:
                 at = "; at least " + ", ".join(f"{n} at block size {b}"
                                                for b, n in floors.items())
                 at += " (the workload's largest request)"
+            demand = (peak_demand(pipeline.kv_edge.cells, 1)
+                      if pipeline.kv_edge is not None else None)
+            if demand is not None:
+                at += (f"; the heaviest cell holds {demand} tokens at once, a larger pool is "
+                       "not pushed to")
             print(f"{p.name}: [{p.low:g}, {p.high:g}] for this model on a "
                   f"{pipeline.capacity / 2**30:.1f} GiB card (high: auto), {how}{at}")
 
