@@ -6,7 +6,8 @@
 # report.html, best.env and summary JSON to OUT_DIR. A study database in .h200/study.db (from an
 # earlier call) is resumed.
 # SHAPE (llama-3.2-1b; or llama-3.1-8b), MODEL (/tmp/m1b or /tmp/m8b), STUDY, TRIALS (12: measured
-# configs), CAP (24GiB), STUDIES (/tmp/studies). The GPU: CUDA_VISIBLE_DEVICES (one index).
+# configs), CAP (24GiB), STUDIES (/tmp/studies), WORKLOAD (benchmarks/h200/workload.yaml). The GPU:
+# CUDA_VISIBLE_DEVICES (one index).
 # Dry run on the built-in simulator (no GPU, infinilm space): SIMULATE=h200.
 set -u
 OUT=${1:?usage: run.sh OUT_DIR [tune|compare|all]}
@@ -30,7 +31,7 @@ else
   COMMON=(--model $M --space search_spaces/transformers.yaml)
   python3 benchmarks/h200/mkmodel.py $M --shape "$SHAPE" || exit 1
 fi
-COMMON+=(--workload benchmarks/h200/workload.yaml)
+COMMON+=(--workload ${WORKLOAD:-benchmarks/h200/workload.yaml})
 mkdir -p $STUDIES/$STUDY
 [ -f $STUDIES/$STUDY/study.db ] || [ ! -f .h200/study.db ] || cp .h200/study.db $STUDIES/$STUDY/study.db
 { nvidia-smi --query-gpu=index,name,memory.total,driver_version --format=csv,noheader
