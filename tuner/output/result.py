@@ -42,9 +42,29 @@ def result_lines(study: optuna.Study, choice: Choice, cfg: ExportConfig) -> list
     others = [p for p in choice.pareto if p.number != t.number]
     if others:
         lines.append(f"  Pareto alternatives ({len(others)}; `tuner export --trial N`):")
-        lines += [f"    trial {p.number}: {metric_text(values(p))}" for p in others]
+        lines += _alternatives(values(t), [(p.number, values(p)) for p in others])
     real = cfg.provenance.get("launch_is_real")
     lines.append("  launch the server with it" + ("" if real else " (as tried; the study does "
                                                  "not record the real command)") + ":")
     lines.append(f"    {cfg.provenance['launch']}")
     return lines
+
+
+def _alternatives(pick: dict[str, float],
+                  others: list[tuple[int, dict[str, float]]]) -> list[str]:
+    """One line per distinct result as printed.  Why: a flip of a knob that makes no
+    difference measures the same values again (to the printed digit, not always to the last
+    bit), and the quick start listed five alternatives of which three were copies of the pick
+    or of each other."""
+    groups: dict[str, list[int]] = {}
+    for number, vals in others:
+        groups.setdefault(metric_text(vals), []).append(number)
+    mine = metric_text(pick)
+    return [f"    {_trials(numbers)}: " + (
+        "the pick's values (they differ from it in knobs that made no difference)"
+        if text == mine else text) for text, numbers in groups.items()]
+
+
+def _trials(numbers: list[int]) -> str:
+    return (f"trial {numbers[0]}" if len(numbers) == 1
+            else "trials " + ", ".join(str(n) for n in numbers))
