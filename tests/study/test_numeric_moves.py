@@ -63,8 +63,8 @@ class _Edge:
     def value(self, params, share, trials):
         return int(share * self.pools[params["budget"]])
 
-    def useful(self, params):
-        return self.useful_pool
+    def within_demand(self, params, value):
+        return value if self.useful_pool is None else min(value, self.useful_pool)
 
 
 def test_a_pool_trade_lowers_the_number_that_frees_the_most_pool_once_per_incumbent():

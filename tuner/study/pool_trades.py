@@ -9,9 +9,9 @@ and a cap of 8 held 13.3k tokens and ran at 1.00.  Random neighbours move one or
 dozen knobs, either way, so they rarely make that move.  The memory model knows which knob's
 forward holds the pool down: the trade lowers the number whose step (`STEP_SCALE` of its range)
 raises the pool most, at the incumbent's share of the new edge, if that is by more than
-`EDGE_TOL` (a pool counted only up to what holds the workload's peak demand: `KvEdge.useful`).
-The run then says whether the pool pays for what the lower setting costs.  One trade per
-incumbent.
+`EDGE_TOL` (a pool counted only up to what holds the workload's peak demand:
+`KvEdge.within_demand`).  The run then says whether the pool pays for what the lower setting
+costs.  One trade per incumbent.
 
 Why reliefs: a categorical flip that ran out of memory (CUDA graphs, whose captured batches hold
 memory of their own) was paired only with other categoricals (`tuner.study.flips.companions`),
@@ -91,10 +91,9 @@ def pool_trade(top: TrialRecord, space: Mapping[str, BaseDistribution], edge: Kv
         lower = shift(base[name], space[name], -STEP_SCALE)
         if lower == base[name]:
             continue
-        cand = {**rest, name: lower}
-        value = edge.value(cand, float(base[KV_SHARE]), trials)
-        useful = edge.useful(cand)   # a pool past the workload's peak demand buys nothing
-        grown = (value if useful is None else min(value, useful)) / pool - 1
+        cand = {**rest, name: lower}   # a pool past the workload's peak demand buys nothing
+        grown = edge.within_demand(cand, edge.value(cand, float(base[KV_SHARE]), trials)) \
+            / pool - 1
         if grown > gain:
             best, gain = {**base, name: lower}, grown
     return best

@@ -220,10 +220,7 @@ class GuidedSampler(BaseSampler):
             return None
         rest = {k: top.params[k] for k in search_space if k != KV_SHARE}
         pool = top.params.get(edge.param.name)
-        target = edge.edge(rest, trials)
-        useful = edge.useful(rest)
-        if useful is not None and useful < target:
-            target = useful
+        target = edge.within_demand(rest, edge.edge(rest, trials))
         if pool is None or target <= int(pool) * (1 + EDGE_TOL):
             return None
         return {**rest, KV_SHARE: edge.share_of(rest, target, trials)}

@@ -129,11 +129,11 @@ class KvEdge:
 
     def useful(self, params: Mapping[str, Any]) -> int | None:
         """The smallest KV value (on the knob's step) whose pool holds the workload's peak
-        demand (`peak_demand`) for a config with these other knobs: a
-        larger pool serves it no better.  None where the demand is not bounded.  On the
-        Llama-3.2-3B / A100 80 GB scenario of benchmarks/search_efficiency.py the pool held
-        ~500k tokens where the heaviest cell needs 68k, and 5 of one seed's 40 trials went to
-        pushes of incumbents to their edge that measured exactly what the incumbents had."""
+        demand (`peak_demand`) for a config with these other knobs: a larger pool serves it no
+        better.  None where the demand is not bounded.  On the Llama-3.2-3B / A100 80 GB
+        scenario of benchmarks/search_efficiency.py the pool held ~500k tokens where the
+        heaviest cell needs 68k, and 5 of one seed's 40 trials went to pushes of incumbents to
+        their edge that measured exactly what the incumbents had."""
         block = knobs_from_params(self.space, dict(params)).block_size
         tokens = peak_demand(self.cells, block)
         if tokens is None:
@@ -141,6 +141,12 @@ class KvEdge:
         low, high, step = self._grid(params)
         value = tokens if self.param.role == "kv_tokens" else -(-tokens // block)
         return min(high, low + max(0, -(-(value - low) // step)) * step)
+
+    def within_demand(self, params: Mapping[str, Any], value: int) -> int:
+        """`value`, lowered to `useful` where that is lower: what the pushes and pool trades
+        aim at."""
+        useful = self.useful(params)
+        return value if useful is None else min(value, useful)
 
     def carried(self, value: int, source: Mapping[str, Any], target: Mapping[str, Any]) -> int:
         """The KV value that gives config `target` the pool `value` gives `source`: for a pool
