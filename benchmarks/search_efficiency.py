@@ -187,7 +187,7 @@ def run_study(job: tuple[str, str, int] | tuple[str, str, int, int]) -> dict[str
         sampler = make_sampler("auto" if tuner else method, seed, budget)
     if tuner:
         sampler = guided(sampler, pipeline.kv_edge, startup_trials(budget), seed,
-                         limits=ctx.space.limits(), budgets=ctx.space.budgets())
+                         limits=ctx.space.limits(), budgets=ctx.space.budgets(), trials=budget)
     study = optuna.create_study(directions=["maximize"], sampler=sampler)
     if tuner:
         warm_start(study, ctx.space, argparse.Namespace(no_defaults=False, seed_config=None,

@@ -171,3 +171,57 @@ def test_a_pattern_move_repeats_the_step_of_the_last_improvement():
 def test_a_choice_the_filter_hides_is_flipped_during_the_start_up_too():
     tried = _choices_tried(startup=100, n_trials=12)   # the whole study is start-up
     assert tried.count(128) == 1 and tried.count(256) == 1 and tried.index(128) < 8
+
+
+class _Recording(optuna.samplers.TPESampler):
+    """TPE that notes the trials it was asked to draw for."""
+
+    def __init__(self) -> None:
+        super().__init__(seed=0, multivariate=True, n_startup_trials=100)
+        self.asked: list[int] = []
+
+    def sample_relative(self, study, trial, search_space):
+        self.asked.append(trial.number)
+        return super().sample_relative(study, trial, search_space)
+
+
+def _drawn_for(trials: int | None, n_trials: int) -> list[int]:
+    base = _Recording()
+    slack_of = lambda trials: (lambda params: 1.0)  # noqa: E731
+    study = optuna.create_study(direction="maximize", sampler=GuidedSampler(
+        base, slack_of, 2, seed=0, trials=trials))
+    study.enqueue_trial({"x": 4, "y": 0.5, "c": 16})
+    optuna.logging.set_verbosity(optuna.logging.ERROR)
+    study.optimize(lambda t: t.suggest_int("x", 1, 128, log=True) * t.suggest_float("y", 0, 1)
+                   + 0 * t.suggest_categorical("c", [16, 128, 256]), n_trials=n_trials)
+    return base.asked
+
+
+def test_the_last_third_of_the_budget_is_local_moves_only():
+    """A global draw pays off through the local moves after it; in the last third of the
+    measured trials there is no room left for those, so every turn is a local one."""
+    assert [n for n in _drawn_for(None, 12) if n >= 8] == [9, 11]   # alternating
+    assert [n for n in _drawn_for(12, 12) if n >= 8] == []          # 12 - 12 // 3 = 8 on
+    assert 5 in _drawn_for(12, 12)
+
+
+def test_a_choice_never_launched_waits_its_turn_unless_the_filter_hid_it():
+    """Only a choice the memory filter turned away jumps the queue of flips: one that the few
+    draws so far just did not happen to launch is ranked with the rest, and the two-way knob
+    goes first (on the Qwen2.5-7B / H100 scenario of benchmarks/search_efficiency.py, 10-trial
+    studies spent their three local turns on never-launched choices of flat knobs while the
+    CUDA-graph flip waited)."""
+    space = {**SPACE, "b": CategoricalDistribution([False, True])}
+    base = optuna.samplers.TPESampler(seed=0, multivariate=True, n_startup_trials=100)
+    sampler = GuidedSampler(base, lambda trials: (lambda params: 1.0), 2, seed=0)
+    study = optuna.create_study(direction="maximize", sampler=sampler)
+    for params, value in (({"x": 4, "y": 0.5, "c": 16, "b": False}, 2.0),
+                          ({"x": 8, "y": 0.1, "c": 16, "b": True}, 1.0)):
+        study.add_trial(optuna.trial.create_trial(params=params, distributions=space,
+                                                  values=[value], user_attrs={"outcome": "ok"}))
+    assert study.ask(space).params == {"x": 4, "y": 0.5, "c": 16, "b": True}
+    sampler.turned_away.append({"x": 2, "y": 0.5, "c": 256, "b": False})
+    for _ in range(2):   # local moves come at even trial numbers: 4
+        study.tell(study.trials[-1].number, state=optuna.trial.TrialState.FAIL)
+        asked = study.ask(space)
+    assert asked.number == 4 and asked.params == {"x": 4, "y": 0.5, "c": 256, "b": False}

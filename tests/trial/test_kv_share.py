@@ -13,7 +13,7 @@ from tuner.search.model import load_model_info
 from tuner.search.space_file import load_space
 from tuner.study.record import TrialRecord
 from tuner.trial.kv_calibration import MIN_STEP, Calibration, calibrate
-from tuner.trial.kv_share import KvEdge, kv_param, peak_demand, runnable
+from tuner.trial.kv_share import EDGE_TOL, KvEdge, kv_param, peak_demand, runnable
 from tuner.trial.memory_estimate import Estimate, estimate, knobs_from_params
 from tuner.trial.prescreen import estimate_attr
 
@@ -249,6 +249,25 @@ def test_the_real_edge_of_one_config_is_bisected_between_its_own_runs():
     assert edge.edge(other, [held, failed]) == edge.edge(other, [])
     bigger = _run({**params, "kv_cache_tokens": top + 1024}, "slo")   # the model was low
     assert edge.edge(params, [bigger]) == top + 1024
+
+
+def test_a_config_that_only_ran_out_of_memory_descends_in_doubling_steps():
+    """Without a pool of these knobs that held, each further OOM doubles the way down from the
+    first one, at least EDGE_TOL of the pool: on a Qwen2.5-7B / L40S study of
+    benchmarks/search_efficiency.py the walk went 246783, 246687, 246623, 246591 tokens."""
+    space = _space()
+    edge = KvEdge(space, MODEL, CAP, CELLS)
+    params = {"block_size": 16, "max_batch_size": 8, "max_num_batched_tokens": 8192}
+    top = edge.edge(params, [])
+    first = _run({**params, "kv_cache_tokens": top}, "oom")
+    once = edge.edge(params, [first])
+    assert once <= top - int(EDGE_TOL * top)
+    near = _run({**params, "kv_cache_tokens": top - 200}, "oom")     # a second OOM just under
+    assert edge.edge(params, [first, near]) <= top - 200 - int(EDGE_TOL * (top - 200))
+    far = _run({**params, "kv_cache_tokens": top - 2000}, "oom")
+    assert edge.edge(params, [first, far]) <= top - 4000            # twice the way down
+    held = _run({**params, "kv_cache_tokens": 8192}, "ok")           # a pool held: bisect
+    assert abs(edge.edge(params, [first, far, held]) - (8192 + top - 2000) / 2) <= 16
 
 
 def test_the_filter_never_rejects_a_need_seen_healthy():

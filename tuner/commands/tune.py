@@ -217,7 +217,7 @@ def _run(args: argparse.Namespace, stack: contextlib.ExitStack) -> int:
                                 kv_share=not args.kv_absolute and args.sampler != "grid")
     study.sampler = guided(study.sampler, pipeline.kv_edge, startup_trials(args.trials),
                            args.seed, limits=setup.ctx.space.limits(),
-                           budgets=setup.ctx.space.budgets())
+                           budgets=setup.ctx.space.budgets(), trials=args.trials)
     print_bounds(setup.ctx.space, pipeline)
     queued = warm_start(study, setup.ctx.space, args, url, studies_dir, pipeline)
     if queued:

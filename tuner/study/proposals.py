@@ -66,8 +66,10 @@ class GuidedSampler(BaseSampler):
 
     def __init__(self, base: BaseSampler, slack_of: SlackOf | None, startup: int,
                  seed: int | None = None, edge: KvEdge | None = None,
-                 limits: Collection[str] = (), budgets: Collection[str] = ()) -> None:
+                 limits: Collection[str] = (), budgets: Collection[str] = (),
+                 trials: int | None = None) -> None:
         self._base = base
+        self._final = None if trials is None else trials - trials // 3   # local turns only
         self._slack_of = slack_of or _fits_always
         self._startup = startup
         self._edge = edge
@@ -93,7 +95,8 @@ class GuidedSampler(BaseSampler):
         dead = dead_choices(trials, search_space)
         slack = avoiding(dead, self._slack_of(trials))
         # alternate by trial number: handed out atomically, so workers of one study alternate too
-        if trial.number % 2 == 0:
+        final = self._final is not None and sum(not t.unmeasured for t in trials) >= self._final
+        if trial.number % 2 == 0 or final:
             local = self._local(trials, study.directions, search_space, slack, dead,
                                 start_up=len(trials) < self._startup)
             if local is not None:
@@ -155,7 +158,7 @@ class GuidedSampler(BaseSampler):
             return (params, pool) if fresh(params, fits, pool) else None
         permissive = avoiding(dead, _fits_always(trials))
         for cand in untried_flips(base, trials, search_space):
-            if not start_up or self._hidden(cand, base):
+            if self._hidden(cand, base):
                 if (found := probe(cand, permissive)) is not None:
                     return found
         if start_up:
@@ -308,11 +311,12 @@ def _distinct(tops: list[TrialRecord], kv_name: str | None) -> list[TrialRecord]
 
 
 def guided(sampler: BaseSampler, edge: KvEdge | None, startup: int, seed: int | None,
-           limits: Collection[str] = (), budgets: Collection[str] = ()) -> BaseSampler:
+           limits: Collection[str] = (), budgets: Collection[str] = (),
+           trials: int | None = None) -> BaseSampler:
     """`sampler` wrapped as the tuner proposes; unchanged for random and grid search, which
     are asked for as such.  Without a KV edge (no card size, or --kv-absolute) the memory
     filter passes everything."""
     if isinstance(sampler, (RandomSampler, optuna.samplers.GridSampler)):
         return sampler
     return GuidedSampler(sampler, edge.slack_of if edge is not None else None, startup, seed,
-                         edge=edge, limits=limits, budgets=budgets)
+                         edge=edge, limits=limits, budgets=budgets, trials=trials)

@@ -198,8 +198,10 @@ class KvEdge:
             return self.need(params, low + n * step, cal, runtime) <= self.capacity
         modelled = low + (_largest(fits, (high - low) // step) if fits(0) else 0) * step
         held, failed = self.bracket(params, trials)
-        if failed is not None:
-            modelled = min(modelled, max(low, failed - step))
+        if held is None and failed is not None:
+            first = self.first_failed(params, trials)
+            drop = max(step, first - failed, int(EDGE_TOL * failed))
+            return min(modelled, max(low, low + (failed - drop - low) // step * step))
         if held is None:
             return modelled
         if failed is None:
@@ -225,6 +227,14 @@ class KvEdge:
             elif t.outcome == "oom":
                 failed = int(value) if failed is None else min(failed, int(value))
         return held, failed
+
+    def first_failed(self, params: dict[str, Any], trials: Sequence[TrialRecord]) -> int:
+        """The largest pool these other knobs ran out of memory at."""
+        key = others_key(params, self.param.name)
+        return max(int(t.params[self.param.name]) for t in trials
+                   if not t.unmeasured and t.outcome == "oom"
+                   and t.params.get(self.param.name) is not None
+                   and others_key(t.params, self.param.name) == key)
 
     def slack_of(self, trials: Sequence[TrialRecord]) -> Callable[[dict[str, Any]], float]:
         """Per config: the card's bytes the calibrated need leaves at the smallest pool (> 0:
