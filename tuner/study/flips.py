@@ -7,7 +7,11 @@ the card, so no study ever launched one, while the incumbent with graphs switche
 tried as a one-knob flip of the incumbent, whatever the memory model says.  A choice the filter
 has turned away is flipped as soon as a healthy config exists, in the start-up too: on
 Llama-3.2-1B / RTX 3090 the best configs need CUDA graphs, and 10 trials reached 0.72 of the
-best without that, 1.00 with it.
+best without that, 1.00 with it.  A choice that no trial launched only because the few draws so
+far did not happen to is no such case: it is ranked with the controlled flips below (until
+2026-12-03 every never-launched choice went first, and 10-trial studies spent their three local
+turns on flat knobs while the CUDA-graph flip waited; benchmarks/results/search_efficiency.md,
+round 16).
 
 Why controlled flips: a choice that was launched is not yet a choice that was compared.  The
 categoricals of these spaces interact (a long-context guard of 1024 tokens costs a third of the

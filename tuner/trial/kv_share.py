@@ -31,7 +31,11 @@ The edge moves as the study learns (the seed's walk, 96 -> 80 -> 64 blocks, done
   `EDGE_TOL` (a bisection against the stress cell, which runs first), then the pool that held.
   The model alone was 40% over the simulator's edge for the 8B / RTX 4090 scenario's best
   knobs, and its error differs between configs: calibration alone never lands a pool in the
-  band just under the edge.
+  band just under the edge.  While these knobs have only run out of memory, each further pool
+  is under the smallest that failed by the way down from the largest that failed (doubling
+  steps), and by at least `EDGE_TOL`: one step below the last OOM walked a Qwen2.5-7B / L40S
+  seed down 246783, 246687, 246623, 246591 tokens, and an 8B seed through six OOMs from 13568
+  to 11263 tokens, where 10000 ran.
 
 The Llama-3.1-70B / H200 figure quoted in `KvEdge.slack_of` predates the fix of the
 in-process simulator (2026-12-01): that scenario's feasible configs were then ones whose pool
