@@ -201,10 +201,10 @@ class KvEdge:
         def fits(n: int) -> bool:
             return self.need(params, low + n * step, cal, runtime) <= self.capacity
         modelled = low + (_largest(fits, (high - low) // step) if fits(0) else 0) * step
-        held, failed = self.bracket(params, trials)
+        healthy, ooms = self._own_pools(params, trials)
+        held, failed = max(healthy, default=None), min(ooms, default=None)
         if held is None and failed is not None:
-            first = self.first_failed(params, trials)
-            drop = max(step, first - failed, int(EDGE_TOL * failed))
+            drop = max(step, max(ooms) - failed, int(EDGE_TOL * failed))
             return min(modelled, max(low, low + (failed - drop - low) // step * step))
         if held is None:
             return modelled
@@ -218,27 +218,26 @@ class KvEdge:
                 trials: Sequence[TrialRecord]) -> tuple[int | None, int | None]:
         """(largest pool seen to fit, smallest seen to run out of memory) among the trials that
         ran exactly these other knobs: the real edge lies between, whatever the model says."""
+        healthy, ooms = self._own_pools(params, trials)
+        return max(healthy, default=None), min(ooms, default=None)
+
+    def _own_pools(self, params: dict[str, Any],
+                   trials: Sequence[TrialRecord]) -> tuple[list[int], list[int]]:
+        """(pools that ran healthy, pools that ran out of memory) of the measured trials with
+        exactly these other knobs."""
         name = self.param.name
         key = others_key(params, name)
-        held: int | None = None
-        failed: int | None = None
+        healthy: list[int] = []
+        ooms: list[int] = []
         for t in trials:
             value = t.params.get(name)
             if t.unmeasured or value is None or others_key(t.params, name) != key:
                 continue
             if t.outcome in HEALTHY:
-                held = max(held or 0, int(value))
+                healthy.append(int(value))
             elif t.outcome == "oom":
-                failed = int(value) if failed is None else min(failed, int(value))
-        return held, failed
-
-    def first_failed(self, params: dict[str, Any], trials: Sequence[TrialRecord]) -> int:
-        """The largest pool these other knobs ran out of memory at."""
-        key = others_key(params, self.param.name)
-        return max(int(t.params[self.param.name]) for t in trials
-                   if not t.unmeasured and t.outcome == "oom"
-                   and t.params.get(self.param.name) is not None
-                   and others_key(t.params, self.param.name) == key)
+                ooms.append(int(value))
+        return healthy, ooms
 
     def slack_of(self, trials: Sequence[TrialRecord]) -> Callable[[dict[str, Any]], float]:
         """Per config: the card's bytes the calibrated need leaves at the smallest pool (> 0:
