@@ -4,7 +4,7 @@ import optuna
 from optuna.distributions import CategoricalDistribution, IntDistribution
 
 from tests.study.test_proposals import DISTS, SPACE, _record
-from tuner.study.flips import companions, controlled_flips, fell_over
+from tuner.study.flips import companions, controlled_flips, fell_over, repairs
 from tuner.study.record import TrialRecord
 
 
@@ -215,3 +215,19 @@ def test_a_flip_the_model_rules_out_everywhere_runs_once_at_the_floor_of_its_roo
         [{**flip, "y": 0.0}]
     healthy = _rec({"x": 100, "y": 0.9, "c": 256, "g": True}, value=0.5)
     assert floor_relief(flip, base, space, [*ran, healthy], slack) == []
+
+
+def test_a_run_that_missed_the_slo_gets_the_choice_that_won_where_it_beat_the_incumbent():
+    """The incumbent's graph flip missed the SLO (g=False won); a run with g=True that missed
+    the SLO at a higher throughput than the incumbent gets g=False.  A miss under the
+    incumbent's figure is not repaired, nor one without a lost comparison."""
+    space = GRAPHS
+    base = {"x": 8, "y": 0.5, "c": 16, "g": False}
+    corner = {"x": 128, "y": 0.9, "c": 256, "g": True}
+    ran = [_rec({**base, "kv": 10}, value=2.0), _rec({**corner, "kv": 20}, "slo", 2.5),
+           _rec({"x": 2, "y": 0.1, "c": 16, "g": True, "kv": 5}, "slo", 1.5)]
+    assert repairs(ran, space, "kv", 1.0, 2.0) == []   # nothing was compared yet
+    ran.append(_rec({**base, "g": True, "kv": 10}, "slo", 1.8))
+    assert repairs(ran, space, "kv", 1.0, 2.0) == [(ran[1], {**corner, "g": False})]
+    assert repairs(ran, space, "kv", 1.0, 3.0) == []   # the miss is under the incumbent
+    assert repairs(ran, space, "kv", -1.0, -1.0) == []   # minimizing: 2.5 is no better

@@ -225,3 +225,24 @@ def test_a_choice_never_launched_waits_its_turn_unless_the_filter_hid_it():
         study.tell(study.trials[-1].number, state=optuna.trial.TrialState.FAIL)
         asked = study.ask(space)
     assert asked.number == 4 and asked.params == {"x": 4, "y": 0.5, "c": 256, "b": False}
+
+
+def test_a_run_that_missed_the_slo_above_the_incumbent_is_repaired_before_other_flips():
+    """Once a flip showed that a choice misses the SLO at the incumbent, a run that carries
+    that choice, missed the SLO and measured more than the incumbent is run with the winning
+    choice, before any other flip (on the Llama-3.2-3B / A100 scenario of
+    benchmarks/search_efficiency.py, caps-open corners with decode-first missed the TTFT SLO,
+    and 10-trial studies then spent their turns on flips of an incumbent with a cap of 3)."""
+    space = {**SPACE, "b": CategoricalDistribution([False, True])}
+    base = optuna.samplers.TPESampler(seed=0, multivariate=True, n_startup_trials=100)
+    sampler = GuidedSampler(base, lambda trials: (lambda params: 1.0), 2, seed=0)
+    study = optuna.create_study(direction="maximize", sampler=sampler)
+    for params, value, outcome in (({"x": 128, "y": 0.9, "c": 256, "b": True}, 3.0, "slo"),
+                                   ({"x": 4, "y": 0.5, "c": 16, "b": False}, 2.0, "ok"),
+                                   ({"x": 4, "y": 0.5, "c": 16, "b": True}, 1.0, "slo")):
+        study.add_trial(optuna.trial.create_trial(params=params, distributions=space,
+                                                  values=[value], user_attrs={"outcome": outcome}))
+    study.ask(space)   # trial 3: a draw
+    study.tell(3, state=optuna.trial.TrialState.FAIL)
+    asked = study.ask(space)
+    assert asked.number == 4 and asked.params == {"x": 128, "y": 0.9, "c": 256, "b": False}

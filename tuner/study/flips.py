@@ -58,6 +58,17 @@ and a seed ended 40 trials at 0.84 of the best with graphs never tried on its in
 choice that won more comparisons against the incumbent's choice than it lost is flipped again,
 before any other flip; once it has lost at the new incumbent too, it is not.
 
+Why repairs: a run that missed the SLOs is no incumbent, so no flip starts from it, however
+much it measured.  On Llama-3.2-3B / A100 (RAG prompts, p99 TTFT <= 8 s) the start-up's
+caps-open corner drew decode-first in 3 of 10 seeds and missed the TTFT SLO at 14 s; the
+incumbent was then a config with a batch or decode cap of 3, the decode-first flip of it missed
+the SLO too, and the 10-trial studies spent their other turns flipping that incumbent's flat
+knobs, ending at 0.38-0.70 of the best (random search reached 0.62-0.83 on those seeds).  The
+corner without decode-first meets the SLO at 0.78-0.79 of the best.  So once a comparison has
+shown that a choice loses (here: misses the SLO where the other choice met it), a run that
+missed the SLOs with that choice, at a better objective than the incumbent's, is run with the
+winning choice, before any other flip (`repairs`; at that run's pool, as a flip of it).
+
 Why flat knobs are not flipped again: many knobs do nothing on a given workload (prefix
 caching without shared prefixes, a long-context guard above every prompt, the block size once
 the pool is large).  Flipped choice by choice, they took most of the local turns: on
@@ -127,21 +138,8 @@ def controlled_flips(params: Mapping[str, Any], trials: Sequence[TrialRecord],
     a two-way knob); within a knob, the choice farthest along its order first (numbers only),
     then the most promising: by the best value (times `sign`: larger is better) a feasible
     trial with it reached."""
-    cats = {n: d.choices for n, d in space.items()
-            if isinstance(d, CategoricalDistribution) and n in params}
-    pairs: dict[tuple[str, str], dict[Any, float]] = {}   # (knob, the rest) -> choice -> value
-    score: dict[tuple[str, Any], float] = {}
-    for t in trials:
-        if t.unmeasured or t.outcome not in ("ok", "slo"):
-            continue
-        value = sign * t.values[0] if t.feasible and t.values else -math.inf
-        for name in (n for n in cats if n in t.params):
-            rest = {k: v for k, v in t.params.items() if k not in (name, kv_name)}
-            group = pairs.setdefault((name, config_key(rest)), {})
-            group[t.params[name]] = max(group.get(t.params[name], -math.inf), value)
-            if value > -math.inf:
-                key = (name, t.params[name])
-                score[key] = max(score.get(key, -math.inf), value)
+    cats = _categoricals(params, space)
+    pairs, score = _comparisons(trials, cats, kv_name, sign)
     compared = {(n, c) for (n, _), cs in pairs.items() if len(cs) > 1 for c in cs}
     settled = {n for n, _ in compared}
     out = []
@@ -159,6 +157,59 @@ def controlled_flips(params: Mapping[str, Any], trials: Sequence[TrialRecord],
                 out.append((rank, {**params, name: choice}))
     out.sort(key=lambda rc: rc[0])
     return [c for _, c in out]
+
+
+def repairs(trials: Sequence[TrialRecord], space: Mapping[str, BaseDistribution],
+            kv_name: str | None, sign: float,
+            best: float) -> list[tuple[TrialRecord, dict[str, Any]]]:
+    """Runs that missed the SLOs with a better objective than `best` (the incumbent's, times
+    `sign`), each with one categorical knob set to a choice that won more comparisons against
+    that run's choice than it lost (see module doc): (the run, the repaired params), the
+    run with the better objective first, then the choice with more net wins."""
+    out = []
+    for t in trials:
+        value = sign * t.values[0] if t.values else -math.inf
+        if t.outcome != "slo" or not t.original or value <= best or \
+                not space.keys() <= t.params.keys():
+            continue
+        params = {k: t.params[k] for k in space}
+        cats = _categoricals(params, space)
+        pairs, _ = _comparisons(trials, cats, kv_name, sign)
+        for name, choices in cats.items():
+            for choice in choices:
+                net = _net_wins(pairs, name, choice, params[name]) if choice != params[name] else 0
+                if net > 0:
+                    out.append(((-value, -net), t, {**params, name: choice}))
+    out.sort(key=lambda r: r[0])
+    return [(t, cand) for _, t, cand in out]
+
+
+def _categoricals(params: Mapping[str, Any],
+                  space: Mapping[str, BaseDistribution]) -> dict[str, Sequence[Any]]:
+    return {n: d.choices for n, d in space.items()
+            if isinstance(d, CategoricalDistribution) and n in params}
+
+
+def _comparisons(trials: Sequence[TrialRecord], cats: Mapping[str, Sequence[Any]],
+                 kv_name: str | None, sign: float
+                 ) -> tuple[dict[tuple[str, str], dict[Any, float]], dict[tuple[str, Any], float]]:
+    """The healthy runs grouped per categorical knob by the rest of their config (the KV pool
+    aside): (knob, the rest) -> choice -> best value times `sign` (-inf: missed the SLOs); and
+    per (knob, choice) the best feasible value a run with it reached."""
+    pairs: dict[tuple[str, str], dict[Any, float]] = {}
+    score: dict[tuple[str, Any], float] = {}
+    for t in trials:
+        if t.unmeasured or t.outcome not in ("ok", "slo"):
+            continue
+        value = sign * t.values[0] if t.feasible and t.values else -math.inf
+        for name in (n for n in cats if n in t.params):
+            rest = {k: v for k, v in t.params.items() if k not in (name, kv_name)}
+            group = pairs.setdefault((name, config_key(rest)), {})
+            group[t.params[name]] = max(group.get(t.params[name], -math.inf), value)
+            if value > -math.inf:
+                key = (name, t.params[name])
+                score[key] = max(score.get(key, -math.inf), value)
+    return pairs, score
 
 
 def _net_wins(pairs: Mapping[tuple[str, str], Mapping[Any, float]], name: str, a: Any,

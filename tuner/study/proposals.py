@@ -14,7 +14,8 @@ ranks, it never forbids: the estimate can be wrong, and the outcome of a config 
 corrects the calibration.  The KV pool itself is still drawn as a share of the headroom the
 chosen knobs leave.  Enqueued configs are never changed.
 
-Why the neighbours: see `tuner.study.flips` (one categorical changed, at the incumbent's pool),
+Why the neighbours: see `tuner.study.flips` (one categorical changed, at the incumbent's pool;
+first, a run that missed the SLOs above the incumbent repaired by a choice that won elsewhere),
 `tuner.study.pool_trades`, `tuner.study.ascent` and `tuner.study.local_moves`.  TPE finds the
 region, the local moves finish the walk; alternating keeps TPE's global view alive for a second
 region.  In the last third of the measured trials every turn is a local one: a global draw pays
@@ -47,7 +48,14 @@ from optuna.trial import FrozenTrial, TrialState
 from tuner.study import design
 from tuner.study.ascent import ascent_move
 from tuner.study.dead_choices import Dead, avoiding, dead_choices
-from tuner.study.flips import at_pool, companions, controlled_flips, fell_over, untried_flips
+from tuner.study.flips import (
+    at_pool,
+    companions,
+    controlled_flips,
+    fell_over,
+    repairs,
+    untried_flips,
+)
 from tuner.study.local_moves import incumbents, inert_knobs, neighbour, pattern_move
 from tuner.study.pool_trades import floor_relief, pool_trade, reliefs
 from tuner.study.record import KV_SHARE, TrialRecord, config_key, records
@@ -170,6 +178,8 @@ class GuidedSampler(BaseSampler):
         if start_up:
             return None
         sign = 1.0 if directions[0] == StudyDirection.MAXIMIZE else -1.0
+        if (found := self._repair(top, trials, search_space, slack, sign)) is not None:
+            return found
         for cand in controlled_flips(base, trials, search_space, kv_name, sign):
             if (found := probe(cand, slack)) is not None:
                 return found
@@ -177,6 +187,20 @@ class GuidedSampler(BaseSampler):
                 for pair in self._pairs(cand, top, base, trials, search_space, slack):
                     if (found := probe(pair, permissive)) is not None:
                         return found
+        return None
+
+    def _repair(self, top: TrialRecord, trials: Sequence[TrialRecord],
+                search_space: dict[str, BaseDistribution], slack: Slack,
+                sign: float) -> Local | None:
+        """A run that missed the SLOs with a better objective than `top`'s, with a choice
+        that won its comparisons (`tuner.study.flips.repairs`), at that run's pool."""
+        best = sign * top.values[0] if top.values else -math.inf
+        kv_name = self._edge.param.name if self._edge is not None else None
+        fresh = self._fresh(trials)
+        for miss, cand in repairs(trials, search_space, kv_name, sign, best):
+            params, pool = at_pool(cand, miss, self._edge, trials)
+            if fresh(params, slack, pool):
+                return params, pool
         return None
 
     def _pairs(self, cand: dict[str, Any], top: TrialRecord, base: dict[str, Any],
