@@ -537,3 +537,30 @@ def test_the_incumbent_below_its_own_edge_is_pushed_to_it_or_to_the_peak_demand_
     assert edge.value(rest, pushed[KV_SHARE], [low]) == 4 * 4608
     at = top(4 * 4608)
     assert sampler._at_edge(at, [at], search_space) is None
+
+
+def test_the_edge_keeps_the_pool_inside_the_servers_footprint_check():
+    """transformers' `cb_max_memory_percent` (role cache_memory_share): the r14 H200 study's two
+    OOMs were pools at shares 0.58 and 0.51 over what that share of the free memory allowed;
+    the edge of a config is now the largest pool whose footprint fits its share."""
+    from tuner.trial.memory_estimate import estimate, knobs_from_params
+    cells = (Cell(4, 4096, 32, 8), Cell(64, 256, 64, 64))
+    space = resolve_space(load_space(ROOT / "search_spaces" / "transformers.yaml"), MODEL, CAP,
+                          cells)
+    edge = KvEdge(space, MODEL, CAP, cells)
+    base = {"cb_block_size": 256, "cb_max_batch_tokens": 837, "cb_use_cuda_graph": False,
+            "scheduler_type": "fifo", "max_requests_per_batch": 64}
+    # the runtime r14 measured (idle - weights: the pool is allocated at the first request)
+    runtime = 16616587264 - MODEL.weight_bytes
+    seen = [_trial(Estimate(MODEL.weight_bytes, GIB, runtime, GIB, "c"), "ok",
+                   idle=16616587264)]
+    edges = {share: edge.edge({**base, "cb_max_memory_percent": share}, seen)
+             for share in (0.5, 0.58, 0.95)}
+    assert edges[0.5] < edges[0.58] < edges[0.95]
+    for share in (0.5, 0.58):           # at 0.95 the card, not the check, bounds the pool
+        params = {**base, "cb_max_memory_percent": share}
+        for n, fits in ((edges[share], True), (edges[share] + 1, False)):
+            knobs = knobs_from_params(space, {**params, "cb_num_blocks": n})
+            est = estimate(MODEL, knobs, cells, runtime=runtime)
+            assert (est.check_need <= CAP) == fits
+    assert edges[0.58] < 146        # r14's trial 1 (146 blocks at 0.58) is past the edge

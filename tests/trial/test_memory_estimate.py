@@ -8,7 +8,14 @@ import pytest
 from tuner.bench.records import Cell
 from tuner.search.bounds import TEMPLATE_TOKENS, parse_size, resolve_space
 from tuner.errors import UsageError
-from tuner.trial.memory_estimate import Knobs, act_bytes_per_token, cell_forward_bytes, estimate, knobs_from_params
+from tuner.trial.memory_estimate import (
+    Knobs,
+    act_bytes_per_token,
+    cell_forward_bytes,
+    checked_bytes,
+    estimate,
+    knobs_from_params,
+)
 from tuner.search.model import load_model_info
 from tuner.search.space_file import load_space
 
@@ -110,3 +117,26 @@ def test_parse_size(text, gib):
 def test_parse_size_rejects_bare_numbers():
     with pytest.raises(UsageError):
         parse_size("24")
+
+
+@pytest.mark.parametrize("blocks, size, budget, share, footprint", [
+    (146, 256, 837, 0.58, 5399512610), (245, 128, 1833, 0.51, 5187831250),
+    (187, 64, 16223, 0.75, 10939916498), (262, 32, 54447, 0.69, 36322154642),
+    (67, 128, 32645, 0.9, 20832124450), (95, 256, 5096, 0.66, 6144034816)])
+def test_a_cache_memory_share_asks_for_the_servers_own_footprint_over_the_share(
+        blocks, size, budget, share, footprint):
+    """transformers serve printed these footprints when it refused them on the H200
+    (benchmarks/results/h200-transformers-8b-seedwl-r14, -r9 and -r9/budgetcheck: every
+    refusal those studies saw): the check's arithmetic is the server's, to 0.01%, and the need is at least weights + runtime + footprint / share."""
+    space = load_space(ROOT / "search_spaces" / "transformers.yaml")
+    params = {"cb_num_blocks": blocks, "cb_block_size": size, "cb_max_batch_tokens": budget,
+              "cb_max_memory_percent": share, "max_requests_per_batch": 64}
+    knobs = knobs_from_params(space, params)
+    assert knobs.memory_share == share
+    assert abs(checked_bytes(M8B, knobs) * share / footprint - 1) < 1e-4
+    est = estimate(M8B, knobs, (Cell(4, 4096, 32, 8),), runtime=GIB // 2)
+    assert est.check_need == M8B.weight_bytes + GIB // 2 + checked_bytes(M8B, knobs)
+    assert est.need >= est.check_need and est.need >= est.static + est.runtime + est.forward
+    unset = {k: v for k, v in params.items() if k != "cb_max_batch_tokens"}
+    assert checked_bytes(M8B, knobs_from_params(space, unset)) == 0   # the server sizes it
+    assert checked_bytes(M8B, knobs_from_params(SPACE, {"kv_cache_tokens": 16384})) == 0

@@ -84,3 +84,22 @@ def test_memory_constraint_is_graded_and_agrees_with_the_outcome():
     assert memory_constraint(20 * GIB, CAP, "ok") == -1 / 6
     assert memory_constraint(30 * GIB, CAP, "ok") < 0             # the estimate was high: still < 0
     assert memory_constraint(30 * GIB, CAP, "skipped") > 0
+
+
+def test_a_config_the_servers_footprint_check_refuses_is_skipped_once_the_runtime_is_measured():
+    import dataclasses
+    from tuner.trial.kv_calibration import calibrate
+    refused = dataclasses.replace(_est(4.0), checked=int(8.8 * GIB))   # 15 + 0.5 + 8.8 > 24
+    passes = dataclasses.replace(_est(4.0), checked=int(8.0 * GIB))
+    assert not decide(refused, CAP, []).skip                 # the runtime is still the prior
+    idle = 15 * GIB + GIB // 2                               # a pool allocated on first use
+    history = [_trial(_est(2.0), "ok", idle=idle)]
+    assert decide(refused, CAP, history).skip
+    assert "footprint check" in decide(refused, CAP, history).reason
+    assert not decide(passes, CAP, history).skip
+    # the refusal teaches nothing about the forward: no OOM bar, no forward scale from it
+    history.append(_trial(refused, "oom", idle=idle))
+    assert not decide(_est(4.5), CAP, history).skip
+    assert calibrate(history, CAP) == calibrate(history[:1], CAP)
+    oom = _trial(_est(4.0), "oom", idle=idle)                # an OOM the check does not explain
+    assert calibrate([*history, oom], CAP) != calibrate(history, CAP)

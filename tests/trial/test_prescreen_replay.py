@@ -87,3 +87,31 @@ def test_the_calibrated_need_runs_the_pushes_to_the_edge_the_estimate_alone_skip
         assert not decide(est, cap, before, edge.calibrated_need(params, before),
                           knobs.cuda_graph).skip
         assert pool[params["cb_num_blocks"]] == "ok"
+
+
+def test_the_footprint_check_names_exactly_the_refusals_of_every_8b_h200_study():
+    """Every committed transformers-serve study of the Llama-3.1-8B shape on the H200 under
+    24 GiB (r8-r14): a run that ran is never refused by the modelled footprint check, with the
+    runtime its own idle memory measured; every run the server refused with `Memory footprint
+    ... is more than available memory` is."""
+    from tuner.trial.memory_estimate import GIB
+    from tuner.trial.prescreen import estimate_attr, refused_by_check
+
+    model = load_model_info(ROOT / "models" / "llama-3.1-8b")
+    space = load_space(ROOT / "search_spaces" / "transformers.yaml")
+    cells = list(load_workload(ROOT / "benchmarks" / "h200" / "workload.yaml").cells)
+    seen = {True: 0, False: 0}
+    for db in sorted(RESULTS.glob("h200-transformers-8b*/**/*.db")):
+        storage = f"sqlite:///{db}"
+        for summary in optuna.get_all_study_summaries(storage):
+            study = optuna.load_study(study_name=summary.study_name, storage=storage)
+            for t in records(study, (optuna.trial.TrialState.COMPLETE,)):
+                if t.outcome not in ("ok", "slo", "oom") or not t.idle_bytes:
+                    continue
+                est = estimate(model, knobs_from_params(space, dict(t.params)), cells)
+                refused = "Memory footprint" in t.reason
+                runtime = int(t.idle_bytes) - est.weights
+                assert refused_by_check(estimate_attr(est, False), runtime, 24 * GIB) == refused, \
+                    (db.parent.name, t.number, t.outcome)
+                seen[refused] += 1
+    assert seen[True] >= 16 and seen[False] >= 150

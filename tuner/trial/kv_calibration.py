@@ -27,7 +27,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tuner.study.record import TrialRecord, config_key
-from tuner.trial.prescreen import HEALTHY, calibrated_runtime, pool_on_first_use
+from tuner.trial.prescreen import (
+    HEALTHY,
+    calibrated_runtime,
+    pool_on_first_use,
+    refused_by_check,
+)
 
 MIN_STEP = 0.05             # smallest correction of the forward scale worth a trial
 
@@ -140,6 +145,8 @@ def calibrate(trials: Sequence[TrialRecord], capacity: int,
         if attr is None or t.outcome not in (*HEALTHY, "oom"):
             continue
         graph = bool(attr["cuda_graph"])
+        if t.outcome == "oom" and refused_by_check(attr, runtimes[graph], capacity):
+            continue    # the server's footprint check: neither runtime nor forward (prescreen)
         if t.outcome == "oom" and not t.cells:   # died before any cell: the runtime was low
             floor[graph] = max(floor[graph], capacity - attr["weights"] - attr["pool"])
             continue

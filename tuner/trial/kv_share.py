@@ -174,8 +174,9 @@ class KvEdge:
                        runtime=max(runtime, cal.runtime_floor[knobs.cuda_graph] + 1))
         forwards = est.cell_forwards or ((est.peak_cell, est.forward),)
         mine = self.knobs_of(params)
-        return est.static + est.runtime + max(cal.k(c, knobs.cuda_graph, mine) * f
-                                              for c, f in forwards)
+        loaded = est.static + est.runtime + max(cal.k(c, knobs.cuda_graph, mine) * f
+                                                for c, f in forwards)
+        return max(loaded, est.check_need)   # the footprint check is exact: no scale
 
     def calibrated_need(self, params: dict[str, Any], trials: Sequence[TrialRecord]) -> float:
         """The need of `params` (its pool included) with what the study's runs taught: the

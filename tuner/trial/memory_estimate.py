@@ -28,6 +28,17 @@ the study's own OOMs and healthy runs (and from the measured idle memory when on
   32645 tokens whose footprints it put at 10.9, 36.3 and 20.8 GB, within 4% of budget x the
   activations per token below, while the workload's own batches needed under 5 GiB.  So the
   forward is at least the whole budget's.
+* a cache memory share (role `cache_memory_share`): a server that sizes or checks its cache
+  against a share of the memory free once it is loaded refuses, at its first request, a pool and
+  budget whose footprint exceeds that share, however much of the card is left.  transformers
+  serve 5.17 does (`cb_max_memory_percent`; continuous_batching/cache.py, `_check_footprint`:
+  footprint = pool + budget x (hidden + fp32 logits) + budget x (pool tokens + budget) for the
+  attention mask, against share x (total - used)).  On the H200 record
+  benchmarks/results/h200-transformers-8b-seedwl-r14 both OOMs were that refusal, at shares
+  0.58 and 0.51 with pools of 4.9 and 4.1 GB where a 4.3 GB pool ran at 0.89: the server
+  printed footprints of 5399512610 and 5187831250 bytes, the formula gives both to 0.01%.  So
+  the need is at least weights + runtime + footprint / share (`Estimate.checked`); the check
+  needs no calibration (it is the server's own arithmetic), only the runtime (idle - weights).
 * live context: paged-attention kernels that gather each live sequence's K/V into contiguous
   buffers leave up to one copy of the live context in the caching allocator.  One copy is the
   upper bound we assume; calibration absorbs the difference.
@@ -58,7 +69,8 @@ LOGIT_BYTES = 4
 
 ROLES = ("kv_tokens", "kv_blocks", "block_size", "max_batch", "prefill_batch_cap",
          "decode_batch_cap", "prefill_token_budget", "cuda_graph", "long_threshold",
-         "long_max_batch", "long_use_total_len", "decode_first", "checked_token_budget")
+         "long_max_batch", "long_use_total_len", "decode_first", "checked_token_budget",
+         "cache_memory_share")
 
 
 @dataclass(frozen=True)
@@ -77,6 +89,7 @@ class Knobs:
     long_max_batch: int | None = None
     long_use_total_len: bool = False
     decode_first: bool = False
+    memory_share: float | None = None  # the share of free memory the cache may hold (module doc)
 
     @property
     def prefill_limit(self) -> float:
@@ -113,6 +126,7 @@ def knobs_from_params(space: SearchSpace, params: dict[str, Any]) -> Knobs:
         long_max_batch=by_role.get("long_max_batch"),
         long_use_total_len=bool(by_role.get("long_use_total_len")),
         decode_first=bool(by_role.get("decode_first")),
+        memory_share=by_role.get("cache_memory_share"),
     )
 
 
@@ -126,6 +140,7 @@ class Estimate:
     forward: int
     peak_cell: str          # key of the cell whose forward is the largest
     cell_forwards: tuple[tuple[str, int], ...] = ()   # (cell key, forward bytes) per cell
+    checked: int = 0        # what the server's footprint check needs free when loaded (doc)
 
     @property
     def static(self) -> int:
@@ -133,7 +148,12 @@ class Estimate:
 
     @property
     def need(self) -> int:
-        return self.static + self.runtime + self.forward
+        return max(self.static + self.runtime + self.forward, self.check_need)
+
+    @property
+    def check_need(self) -> int:
+        """The card the server's footprint check asks for (0: no check)."""
+        return self.weights + self.runtime + self.checked if self.checked else 0
 
     def with_runtime(self, runtime: int) -> Estimate:
         return dataclasses.replace(self, runtime=runtime)
@@ -149,6 +169,19 @@ def act_bytes_per_token(model: ModelInfo) -> int:
 
 def runtime_prior(cuda_graph: bool) -> int:
     return RUNTIME_PRIOR_BYTES + (GRAPH_POOL_PRIOR_BYTES if cuda_graph else 0)
+
+
+def checked_bytes(model: ModelInfo, k: Knobs) -> int:
+    """Free bytes the footprint check of a cache memory share wants once the server is loaded
+    (module doc): its footprint over the share; 0 where the config sets no share, pool or budget
+    (the server then sizes the unset one to fit)."""
+    if not k.memory_share or k.kv_tokens is None or not k.token_budget:
+        return 0
+    budget, tokens = int(k.token_budget), int(k.kv_tokens)
+    footprint = (tokens * model.kv_bytes_per_token
+                 + budget * (model.hidden * model.dtype_bytes + model.vocab * LOGIT_BYTES)
+                 + budget * (tokens + budget) * model.dtype_bytes)
+    return math.ceil(footprint / float(k.memory_share))
 
 
 def cell_forward_bytes(model: ModelInfo, k: Knobs, cell: Cell) -> int:
@@ -197,4 +230,5 @@ def estimate(model: ModelInfo, k: Knobs, cells: list[Cell] | tuple[Cell, ...],
     return Estimate(weights=model.weight_bytes, pool=pool,
                     runtime=runtime_prior(k.cuda_graph) if runtime is None else runtime,
                     forward=forward, peak_cell=peak_cell,
-                    cell_forwards=tuple((key, f) for f, key in forwards))
+                    cell_forwards=tuple((key, f) for f, key in forwards),
+                    checked=checked_bytes(model, k))

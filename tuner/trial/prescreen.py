@@ -24,6 +24,9 @@ own evidence:
   error grows with the forward: on the H200 transformers study two OOMs of 16k- and 54k-token
   batches, estimated at 18.5 GiB, got a config with a 3k-token batch and a larger pool,
   estimated at 21.5 GiB of a 24 GiB card, skipped without a run);
+* a footprint check (`Estimate.checked`, role `cache_memory_share`): the server's own
+  arithmetic, so once a server was seen idle (the runtime measured) a config the check
+  refuses is skipped without a margin; before that, only by the prior margin;
 * healthy runs: a healthy run at need H raises the bar to at least H: a config whose need is
   at or below one seen running healthy is never skipped, whatever the OOMs say.
 
@@ -64,7 +67,7 @@ def estimate_attr(est: Estimate, cuda_graph: bool) -> dict[str, Any]:
     """What a trial stores so that later trials can recalibrate against it."""
     return {"weights": est.weights, "pool": est.pool, "forward": est.forward,
             "runtime": est.runtime, "cuda_graph": cuda_graph, "peak_cell": est.peak_cell,
-            "cell_forwards": dict(est.cell_forwards)}
+            "cell_forwards": dict(est.cell_forwards), "checked": est.checked}
 
 
 def _stored(t: TrialRecord) -> Mapping[str, Any] | None:
@@ -107,7 +110,16 @@ def pool_on_first_use(trials: Sequence[TrialRecord]) -> bool:
 
 
 def _need(attr: Mapping[str, Any], runtime: Mapping[bool, int]) -> int:
-    return int(attr["weights"] + attr["pool"] + attr["forward"] + runtime[bool(attr["cuda_graph"])])
+    base = attr["weights"] + runtime[bool(attr["cuda_graph"])]
+    checked = attr.get("checked") or 0
+    return int(max(base + attr["pool"] + attr["forward"], base + checked if checked else 0))
+
+
+def refused_by_check(attr: Mapping[str, Any], runtime: int, capacity: int) -> bool:
+    """Whether the server's footprint check (module doc) refuses the config stored as
+    `attr`, with this runtime overhead."""
+    checked = attr.get("checked") or 0
+    return bool(checked) and attr["weights"] + runtime + checked > capacity
 
 
 def decide(est: Estimate, capacity: int, trials: Sequence[TrialRecord],
@@ -124,12 +136,20 @@ def decide(est: Estimate, capacity: int, trials: Sequence[TrialRecord],
     oom = [_need(a, runtime) for t in trials
            if (a := _stored(t)) is not None and t.outcome == "oom"
            and a.get("peak_cell") == est.peak_cell and bool(a["cuda_graph"]) == graph
-           and a["forward"] <= est.forward]
+           and a["forward"] <= est.forward
+           and not refused_by_check(a, runtime[bool(a["cuda_graph"])], capacity)]
     prior = int(capacity * (1 + PRIOR_MARGIN))
     floor = max(healthy, default=0)
     bar = min([prior, *oom])
     threshold = max(floor, bar)
     gib = 2 ** 30
+    measured = any(t.idle_bytes for t in trials if _stored(t) is not None)
+    if measured and refused_by_check({"weights": est.weights, "checked": est.checked},
+                                     runtime[graph], capacity):
+        want = est.weights + runtime[graph] + est.checked
+        return Decision(True, need, threshold,
+                        f"the server's footprint check wants {want / gib:.2f} GiB of the card's "
+                        f"{capacity / gib:.2f} GiB (its cache memory share)")
     if need <= floor:
         return Decision(False, need, threshold,
                         f"needs {need / gib:.2f} GiB, no more than a config seen healthy")
