@@ -24,6 +24,7 @@ import optuna
 from optuna.trial import TrialState
 from tqdm import tqdm
 
+from tuner.commands.optuna_log import quiet_interrupts
 from tuner.commands.tune_messages import plan_text, print_bounds, print_summary, progress_text
 from tuner.commands.tune_options import (
     add_adaptive_args,
@@ -201,6 +202,7 @@ def _open_study(args: argparse.Namespace, setup: _Setup, name: str, url: str) ->
 
 def _run(args: argparse.Namespace, stack: contextlib.ExitStack) -> int:
     optuna.logging.set_verbosity(optuna.logging.WARNING)  # the progress bar reports trials
+    quiet_interrupts()
     warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
     warnings.filterwarnings("ignore", category=FutureWarning, module="optuna")
     gpus = parse_gpus(args.gpus) if args.gpus else None
