@@ -205,6 +205,23 @@ def test_the_last_third_of_the_budget_is_local_moves_only():
     assert 5 in _drawn_for(12, 12)
 
 
+def test_a_local_turn_with_no_local_move_falls_back_to_the_wrapped_sampler():
+    """Without a healthy run there is no incumbent and no move from one: a turn in the last
+    third then goes to the wrapped sampler, a draw over the whole space."""
+    base = _Recording()
+    study = optuna.create_study(direction="maximize", sampler=GuidedSampler(
+        base, lambda trials: (lambda params: 1.0), 2, seed=0, trials=12))
+
+    def dies(t: optuna.Trial) -> float:     # every config runs out of memory
+        t.suggest_int("x", 1, 128, log=True), t.suggest_float("y", 0, 1)
+        t.suggest_categorical("c", [16, 128, 256])
+        t.set_user_attr("outcome", "oom")
+        return 0.0
+    study.optimize(dies, n_trials=12)
+    assert [n for n in base.asked if n >= 8] == [8, 9, 10, 11]
+    assert all(set(t.params) == {"x", "y", "c"} for t in study.trials)
+
+
 def test_a_choice_never_launched_waits_its_turn_unless_the_filter_hid_it():
     """Only a choice the memory filter turned away jumps the queue of flips: one that the few
     draws so far just did not happen to launch is ranked with the rest, and the two-way knob
