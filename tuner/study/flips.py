@@ -102,7 +102,7 @@ mechanisms stay; those figures do not stand.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Any
 
 from optuna.distributions import BaseDistribution, CategoricalDistribution
@@ -166,6 +166,8 @@ def repairs(trials: Sequence[TrialRecord], space: Mapping[str, BaseDistribution]
     `sign`), each with one categorical knob set to a choice that won more comparisons against
     that run's choice than it lost (see module doc): (the run, the repaired params), the
     run with the better objective first, then the choice with more net wins."""
+    cats = _categoricals(space, space)     # a run repaired sets every knob of the space
+    pairs, _ = _comparisons(trials, cats, kv_name, sign)
     out = []
     for t in trials:
         value = sign * t.values[0] if t.values else -math.inf
@@ -173,8 +175,6 @@ def repairs(trials: Sequence[TrialRecord], space: Mapping[str, BaseDistribution]
                 not space.keys() <= t.params.keys():
             continue
         params = {k: t.params[k] for k in space}
-        cats = _categoricals(params, space)
-        pairs, _ = _comparisons(trials, cats, kv_name, sign)
         for name, choices in cats.items():
             for choice in choices:
                 net = _net_wins(pairs, name, choice, params[name]) if choice != params[name] else 0
@@ -184,8 +184,9 @@ def repairs(trials: Sequence[TrialRecord], space: Mapping[str, BaseDistribution]
     return [(t, cand) for _, t, cand in out]
 
 
-def _categoricals(params: Mapping[str, Any],
+def _categoricals(params: Collection[str],
                   space: Mapping[str, BaseDistribution]) -> dict[str, Sequence[Any]]:
+    """The space's categorical knobs among `params` (names), with their choices."""
     return {n: d.choices for n, d in space.items()
             if isinstance(d, CategoricalDistribution) and n in params}
 

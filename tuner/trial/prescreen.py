@@ -109,17 +109,21 @@ def pool_on_first_use(trials: Sequence[TrialRecord]) -> bool:
                if (a := _stored(t)) is not None and t.idle_bytes is not None and t.idle_bytes > 0)
 
 
-def _need(attr: Mapping[str, Any], runtime: Mapping[bool, int]) -> int:
-    base = attr["weights"] + runtime[bool(attr["cuda_graph"])]
+def _check_need(attr: Mapping[str, Any], runtime: int) -> int:
+    """The card the server's footprint check (module doc) asks of the config stored as
+    `attr`, with this runtime overhead; 0 where there is no check."""
     checked = attr.get("checked") or 0
-    return int(max(base + attr["pool"] + attr["forward"], base + checked if checked else 0))
+    return attr["weights"] + runtime + checked if checked else 0
+
+
+def _need(attr: Mapping[str, Any], runtime: Mapping[bool, int]) -> int:
+    r = runtime[bool(attr["cuda_graph"])]
+    return int(max(attr["weights"] + attr["pool"] + attr["forward"] + r, _check_need(attr, r)))
 
 
 def refused_by_check(attr: Mapping[str, Any], runtime: int, capacity: int) -> bool:
-    """Whether the server's footprint check (module doc) refuses the config stored as
-    `attr`, with this runtime overhead."""
-    checked = attr.get("checked") or 0
-    return bool(checked) and attr["weights"] + runtime + checked > capacity
+    """Whether the server's footprint check refuses the config stored as `attr`."""
+    return _check_need(attr, runtime) > capacity
 
 
 def decide(est: Estimate, capacity: int, trials: Sequence[TrialRecord],
@@ -144,9 +148,9 @@ def decide(est: Estimate, capacity: int, trials: Sequence[TrialRecord],
     threshold = max(floor, bar)
     gib = 2 ** 30
     measured = any(t.idle_bytes for t in trials if _stored(t) is not None)
-    if measured and refused_by_check({"weights": est.weights, "checked": est.checked},
-                                     runtime[graph], capacity):
-        want = est.weights + runtime[graph] + est.checked
+    attr = estimate_attr(est, graph)
+    if measured and refused_by_check(attr, runtime[graph], capacity):
+        want = _check_need(attr, runtime[graph])
         return Decision(True, need, threshold,
                         f"the server's footprint check wants {want / gib:.2f} GiB of the card's "
                         f"{capacity / gib:.2f} GiB (its cache memory share)")
