@@ -15,7 +15,8 @@ Each skipped config is run on the simulator's full matrix afterwards (not counte
 to learn what it would have done.  Target (issue 14): >= 80% of would-OOM configs skipped, 0
 feasible configs skipped; exit 1 when a scenario misses it.
 
-Usage: python benchmarks/prescreen_recall.py [--seeds 10] [--trials 40] [--procs 2] [--scenarios a,b]
+Usage: python benchmarks/prescreen_recall.py [--seeds 10] [--trials 40] [--procs 2]
+       [--scenarios a,b]
 """
 
 from __future__ import annotations
@@ -26,7 +27,6 @@ import sys
 import time
 from collections import Counter
 from pathlib import Path
-from typing import Any
 
 import optuna
 
