@@ -11,13 +11,14 @@ from tuner.errors import UsageError
 from tuner.trial.memory_estimate import (
     Knobs,
     act_bytes_per_token,
-    cell_forward_bytes,
+    cell_forward,
     checked_bytes,
     estimate,
     knobs_from_params,
 )
 from tuner.search.model import load_model_info
 from tuner.search.space_file import load_space
+from tuner.sim import simulate
 
 ROOT = Path(__file__).resolve().parents[2]
 M8B = load_model_info(ROOT / "models" / "llama-3.1-8b")
@@ -45,7 +46,7 @@ def test_need_grows_with_pool_and_guard_shrinks_long_prefill():
     free = Knobs(kv_tokens=16384, block_size=256, prefill_cap=8)
     guarded = Knobs(kv_tokens=16384, block_size=256, prefill_cap=8, long_threshold=4096,
                     long_max_batch=1, decode_first=True)
-    assert cell_forward_bytes(M8B, guarded, CELLS[0]) < cell_forward_bytes(M8B, free, CELLS[0])
+    assert cell_forward(M8B, guarded, CELLS[0])[0] < cell_forward(M8B, free, CELLS[0])[0]
 
 
 @pytest.mark.parametrize("budget, footprint", [(16223, 10939916498), (54447, 36322154642),
@@ -60,15 +61,38 @@ def test_a_checked_budget_costs_its_whole_forward(budget, footprint):
               "max_requests_per_batch": 64}
     checked = knobs_from_params(space, params)
     assert checked.budget_checked and checked.token_budget == budget
-    forward = max(cell_forward_bytes(M8B, checked, c) for c in cells)
+    forward = max(cell_forward(M8B, checked, c)[0] for c in cells)
     assert abs(forward / footprint - 1) < 0.1
     capped_only = dataclasses.replace(checked, budget_checked=False)
-    assert max(cell_forward_bytes(M8B, capped_only, c) for c in cells) < 0.7 * footprint
+    assert max(cell_forward(M8B, capped_only, c)[0] for c in cells) < 0.7 * footprint
     assert not knobs_from_params(SPACE, {"max_num_batched_tokens": budget}).budget_checked
 
 
+def test_decode_first_runs_one_long_prefill_batch_as_the_simulator_does():
+    """With decode-first a long prefill waits while anything decodes, so the requests of one
+    prefill batch are all that run: the estimate (its worst case, so never below) stays within
+    25% of the simulated server's transient peak, where counting every admitted request as
+    running put it at 14x."""
+    model_dir = ROOT / "models" / "mistral-7b"
+    model = load_model_info(model_dir)
+    cell = Cell(32, 2048, 256, 64)
+    params = {"kv_cache_tokens": 81920, "block_size": 256, "max_batch_size": 36,
+              "prefill_batch_cap": 13, "decode_batch_cap": 23, "max_num_batched_tokens": 16384,
+              "long_context_threshold": 2048, "long_context_max_batch": 4,
+              "decode_first_when_running": True}
+    knobs = knobs_from_params(SPACE, params)
+    forward, form = cell_forward(model, knobs, cell)
+    assert form == "prefill of 4"
+    argv, env = SPACE.render(params, model=str(model_dir), host="127.0.0.1", port=0,
+                             max_output_len=cell.output_len, simulate="a100-80g",
+                             extra_placeholders={"time_scale": "1"})
+    sim = simulate(str(model_dir), "a100-80g", argv, env, [cell])[0]
+    assert sim.error_class is None
+    assert 0.8 * forward <= sim.peak_bytes - sim.idle_bytes <= 1.25 * forward
+
+
 def test_pool_too_small_for_one_request_means_no_forward():
-    assert cell_forward_bytes(M8B, Knobs(kv_tokens=1024, block_size=256), CELLS[0]) == 0
+    assert cell_forward(M8B, Knobs(kv_tokens=1024, block_size=256), CELLS[0])[0] == 0
 
 
 def test_auto_bound_follows_the_card():

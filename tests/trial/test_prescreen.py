@@ -3,6 +3,7 @@
 from optuna.trial import TrialState
 
 from tuner.study.record import TrialRecord
+from tuner.trial.kv_calibration import proven
 from tuner.trial.memory_estimate import Estimate
 from tuner.trial.prescreen import calibrated_runtime, decide, estimate_attr
 
@@ -103,3 +104,27 @@ def test_a_config_the_servers_footprint_check_refuses_is_skipped_once_the_runtim
     assert calibrate(history, CAP) == calibrate(history[:1], CAP)
     oom = _trial(_est(4.0), "oom", idle=idle)                # an OOM the check does not explain
     assert calibrate([*history, oom], CAP) != calibrate(history, CAP)
+
+
+def test_an_oom_proves_a_forward_scale_for_its_form_of_forward():
+    """The OOM (pool 2, forward 6 GiB: 25 GiB of 24) proves its form's forward at least 5/6 of
+    the estimate; a config with a smaller forward of that form but a larger pool cannot fit at
+    that scale, which the need-plus-margin rule (a forward no smaller) does not see."""
+    def est(pool: float, forward: float, form: str = "prefill of 2") -> Estimate:
+        return Estimate(weights=15 * GIB, pool=int(pool * GIB), runtime=2 * GIB,
+                        forward=int(forward * GIB), peak_cell="c",
+                        cell_forwards=(("c", int(forward * GIB)),), cell_forms=(("c", form),))
+    oom = TrialRecord(number=0, state=TrialState.COMPLETE, values=(0.0,), constraints={},
+                      params={"x": 1}, outcome="oom", memory=estimate_attr(est(2, 6), False),
+                      cells=[{"cell": {"key": "c"}, "error_class": "oom"}])
+    scales = proven([oom], CAP)
+    assert abs(scales[("c", False, "prefill of 2")] - 5 / 6) < 1e-9
+    assert decide(est(5, 3), CAP, [oom], proven=scales).skip       # 15 + 5 + 2 + 2.5 > 24
+    assert not decide(est(4, 3), CAP, [oom], proven=scales).skip   # 23.5 GiB fits
+    assert not decide(est(5, 3, "decode"), CAP, [oom], proven=scales).skip
+    assert not decide(est(5, 3), CAP, [oom], graph=True, proven=scales).skip
+    assert not decide(est(5, 3), CAP, [oom]).skip                  # the margin rule alone
+    finished = TrialRecord(number=1, state=TrialState.COMPLETE, values=(0.0,), constraints={},
+                           params={"x": 1}, outcome="oom", memory=estimate_attr(est(2, 6), False),
+                           cells=[{"cell": {"key": "c"}, "error_class": ""}])
+    assert proven([finished], CAP) == {}    # every cell held: the OOM came after them

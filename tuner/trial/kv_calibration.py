@@ -171,6 +171,35 @@ def calibrate(trials: Sequence[TrialRecord], capacity: int,
     return Calibration(floor, scale, seen, mapped)
 
 
+def proven(trials: Sequence[TrialRecord], capacity: int) -> dict[tuple[str, bool, str], float]:
+    """(cell, CUDA graphs, form of the forward) -> the largest forward scale an OOM in that
+    cell proved: the room its weights, pool and runtime left over its estimated forward.  The
+    pre-screen skips a config whose forward of that form, at that scale, cannot fit.  Keyed by
+    form (`tuner.trial.memory_estimate.cell_forward`), not only by cell as `calibrate` is:
+    whether an estimated worst case happens depends on its form (a prefill of two 4k prompts
+    arriving together, on the simulated Llama-3.1-8B / RTX 4090, ran one at a time, at 0.54 of
+    the estimate, where single prefills ran at 1.02 or more).  With it (and decode-first's
+    running set counted right), the pre-screen on random search's proposals skipped 85% of the
+    would-OOM configs of Llama-3.1-70B / H200 where the OOM-margin rule alone skipped 30%, with
+    no feasible config skipped (benchmarks/prescreen_recall.py, results round 19)."""
+    runtimes = {g: calibrated_runtime(trials, g) for g in (False, True)}
+    out: dict[tuple[str, bool, str], float] = {}
+    for t in trials:
+        attr = _stored(t)
+        if attr is None or t.outcome != "oom" or not t.cells or "cell_forms" not in attr:
+            continue
+        graph = bool(attr["cuda_graph"])
+        if refused_by_check(attr, runtimes[graph], capacity):
+            continue
+        room = capacity - attr["weights"] - attr["pool"] - runtimes[graph]
+        for cell, failed in _cell_evidence(t, attr):
+            forward = attr["cell_forwards"].get(cell, 0)
+            if failed and forward > 0:
+                key = (cell, graph, attr["cell_forms"].get(cell, ""))
+                out[key] = max(out.get(key, 0.0), room / forward)
+    return out
+
+
 def _measured_forwards(t: TrialRecord, attr: Mapping[str, Any], lazy: bool) -> dict[str, int]:
     """Cell key -> the transient bytes the cell measured (high-water mark over the loaded
     server), for each held cell that raised the mark: the mark only grows, so a cell that left

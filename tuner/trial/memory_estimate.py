@@ -140,6 +140,7 @@ class Estimate:
     forward: int
     peak_cell: str          # key of the cell whose forward is the largest
     cell_forwards: tuple[tuple[str, int], ...] = ()   # (cell key, forward bytes) per cell
+    cell_forms: tuple[tuple[str, str], ...] = ()      # (cell key, form of that forward)
     checked: int = 0        # what the server's footprint check needs free when loaded (doc)
 
     @property
@@ -184,21 +185,26 @@ def checked_bytes(model: ModelInfo, k: Knobs) -> int:
     return math.ceil(footprint / float(k.memory_share))
 
 
-def cell_forward_bytes(model: ModelInfo, k: Knobs, cell: Cell) -> int:
-    """Largest transient need of one cell: a prefill batch beside live decodes, or a full decode.
+def cell_forward(model: ModelInfo, k: Knobs, cell: Cell) -> tuple[int, str]:
+    """Largest transient need of one cell, and its form: a prefill batch beside live decodes
+    ("prefill of N", "... beside decodes"), a full decode ("decode") or a checked budget.
 
     Follows the admission rules servers of this kind share: a request reserves blocks for its
     prompt + max_tokens, a prefill step takes at most `prefill_limit` requests and `token_budget`
     prompt tokens (the first always goes), the long-context guard limits long prefills and, with
-    decode-first, defers them while anything decodes.  Live sequences are counted at their
-    longest (prompt + output), which is where the largest forward happens.
+    decode-first, defers them while anything decodes, so that one prefill batch of long requests
+    is all that ever runs (counting every admitted request as running put the forward of
+    Mistral-7B's 2k-prompt cell at up to 14x what the simulated server reached).  Live sequences
+    are counted at their longest (prompt + output), which is where the largest forward happens.
+    The form names which of these worst cases the figure is: configs whose worst case has one
+    form are misjudged alike, configs of different forms are not (`tuner.trial.prescreen`).
     """
     prompt, total = max(cell.input_len, 1), cell.input_len + cell.output_len
     if k.kv_tokens is not None:
         per_req_blocks = math.ceil(total / k.block_size)
         admitted = k.kv_tokens // k.block_size // max(per_req_blocks, 1)
         if admitted == 0:
-            return 0  # every request is rejected: no forward runs
+            return 0, "none"  # every request is rejected: no forward runs
     else:
         admitted = cell.concurrency
     running = min(cell.concurrency, admitted)
@@ -212,23 +218,28 @@ def cell_forward_bytes(model: ModelInfo, k: Knobs, cell: Cell) -> int:
     if k.token_budget:
         n_pre = min(n_pre, max(1, k.token_budget // prompt))
     n_pre = int(n_pre)
-    live = 0 if (long and k.decode_first) else running - n_pre
+    if long and k.decode_first:     # a long prefill waits while anything decodes: the
+        live, running = 0, n_pre     # requests of one prefill batch are all that ever run
+    else:
+        live = running - n_pre
     prefill = per_tok * n_pre * prompt + kv_tok * live * total
-    if k.budget_checked and k.token_budget:
-        prefill = max(prefill, per_tok * int(k.token_budget))
+    form = f"prefill of {n_pre}" + (" beside decodes" if live else "")
+    if k.budget_checked and k.token_budget and per_tok * int(k.token_budget) > prefill:
+        prefill, form = per_tok * int(k.token_budget), "checked budget"
     n_dec = int(min(running, k.decode_limit))
     decode = per_tok * n_dec + kv_tok * running * total
-    return int(max(prefill, decode))
+    return (int(prefill), form) if prefill >= decode else (int(decode), "decode")
 
 
 def estimate(model: ModelInfo, k: Knobs, cells: list[Cell] | tuple[Cell, ...],
              runtime: int | None = None) -> Estimate:
     """The config's need on this workload; `runtime` overrides the prior overhead."""
     pool = (k.kv_tokens or 0) * model.kv_bytes_per_token
-    forwards = [(cell_forward_bytes(model, k, c), c.key) for c in cells]
-    forward, peak_cell = max(forwards, default=(0, ""))
+    each = [(c.key, *cell_forward(model, k, c)) for c in cells]
+    forward, peak_cell = max(((f, key) for key, f, _ in each), default=(0, ""))
     return Estimate(weights=model.weight_bytes, pool=pool,
                     runtime=runtime_prior(k.cuda_graph) if runtime is None else runtime,
                     forward=forward, peak_cell=peak_cell,
-                    cell_forwards=tuple((key, f) for f, key in forwards),
+                    cell_forwards=tuple((key, f) for key, f, _ in each),
+                    cell_forms=tuple((key, form) for key, _, form in each),
                     checked=checked_bytes(model, k))

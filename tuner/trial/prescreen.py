@@ -24,6 +24,12 @@ own evidence:
   error grows with the forward: on the H200 transformers study two OOMs of 16k- and 54k-token
   batches, estimated at 18.5 GiB, got a config with a 3k-token batch and a larger pool,
   estimated at 21.5 GiB of a 24 GiB card, skipped without a run);
+* proven scales: an OOM in a cell proves that cell's forward, of its form (a prefill of N
+  prompts, beside decodes or not; a decode), at least (card - weights - pool - runtime) /
+  estimated forward times the estimate (`tuner.trial.kv_calibration.proven`); a config whose
+  forward of that form cannot fit at that scale is skipped, whatever its pool.  The margin
+  rule above needs a forward no smaller than the OOM's; this one transfers the scale instead,
+  and only between configs whose worst case has the same form;
 * a footprint check (`Estimate.checked`, role `cache_memory_share`): the server's own
   arithmetic, so once a server was seen idle (the runtime measured) a config the check
   refuses is skipped without a margin; before that, only by the prior margin;
@@ -67,7 +73,8 @@ def estimate_attr(est: Estimate, cuda_graph: bool) -> dict[str, Any]:
     """What a trial stores so that later trials can recalibrate against it."""
     return {"weights": est.weights, "pool": est.pool, "forward": est.forward,
             "runtime": est.runtime, "cuda_graph": cuda_graph, "peak_cell": est.peak_cell,
-            "cell_forwards": dict(est.cell_forwards), "checked": est.checked}
+            "cell_forwards": dict(est.cell_forwards), "cell_forms": dict(est.cell_forms),
+            "checked": est.checked}
 
 
 def _stored(t: TrialRecord) -> Mapping[str, Any] | None:
@@ -127,11 +134,13 @@ def refused_by_check(attr: Mapping[str, Any], runtime: int, capacity: int) -> bo
 
 
 def decide(est: Estimate, capacity: int, trials: Sequence[TrialRecord],
-           calibrated: float | None = None, graph: bool = False) -> Decision:
+           calibrated: float | None = None, graph: bool = False,
+           proven: Mapping[tuple[str, bool, str], float] | None = None) -> Decision:
     """Skip or run a config whose (calibrated) estimate is `est` and CUDA-graph setting
     `graph`, given the study so far; `calibrated`: its need with the forward scale the study
     measured (see module doc), which the margin rule reads where it is lower.  The OOM rule
-    compares estimates of one mechanism, so it keeps the estimate."""
+    compares estimates of one mechanism, so it keeps the estimate; `proven`: the forward
+    scales the study's OOMs proved, per form of forward (`tuner.trial.kv_calibration.proven`)."""
     need = est.need
     certain = need if calibrated is None else min(need, int(calibrated))
     runtime = {g: calibrated_runtime(trials, g) for g in (False, True)}  # once, not per trial
@@ -161,6 +170,15 @@ def decide(est: Estimate, capacity: int, trials: Sequence[TrialRecord],
         return Decision(True, need, threshold,
                         f"predicted peak {certain / gib:.2f} GiB exceeds the card's "
                         f"{capacity / gib:.2f} GiB by more than {PRIOR_MARGIN:.0%}")
+    forms = dict(est.cell_forms)
+    for cell, forward in est.cell_forwards:
+        scale = (proven or {}).get((cell, graph, forms.get(cell, "")), 0.0)
+        if forward > 0 and est.static + est.runtime + scale * forward > capacity:
+            return Decision(True, need, threshold,
+                            f"an OOM proved the forward of its form ({forms[cell]} in cell "
+                            f"{cell}) at least {scale:.2f}x the estimate: at that scale it "
+                            f"needs {(est.static + est.runtime + scale * forward) / gib:.2f} GiB "
+                            f"of the card's {capacity / gib:.2f} GiB")
     if oom and need >= min(oom) + OOM_MARGIN * capacity:
         return Decision(True, need, threshold,
                         f"predicted peak {need / gib:.2f} GiB is above that of a config that ran "
