@@ -34,8 +34,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
+from scenario_args import add_scenarios_option, scenario_names  # noqa: E402
 from search_efficiency import OUT, _init, setting, truth  # noqa: E402
-from search_scenarios import SCENARIOS, UNSEEN, by_name  # noqa: E402
+from search_scenarios import by_name  # noqa: E402
 
 from tuner.search.objectives import parse_objectives  # noqa: E402
 from tuner.study.objective import TrialObjective, counted  # noqa: E402
@@ -85,14 +86,9 @@ def main() -> int:
     ap.add_argument("--seeds", type=int, default=10)
     ap.add_argument("--trials", type=int, default=40, help="launched configs per study")
     ap.add_argument("--procs", type=int, default=2)
-    ap.add_argument("--scenarios", default=",".join(s.name for s in SCENARIOS),
-                    help="comma-separated names (default: the suite's five); also: "
-                    + ", ".join(s.name for s in UNSEEN))
+    add_scenarios_option(ap)
     args = ap.parse_args()
-    known = [s.name for s in (*SCENARIOS, *UNSEEN)]
-    names = args.scenarios.split(",")
-    if unknown := [n for n in names if n not in known]:
-        ap.error(f"unknown scenario {', '.join(unknown)} (known: {', '.join(known)})")
+    names = scenario_names(ap, args.scenarios)
     if args.seeds < 1 or args.trials < 1 or args.procs < 1:
         ap.error("--seeds, --trials and --procs must be at least 1")
     t0 = time.time()

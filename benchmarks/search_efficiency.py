@@ -52,13 +52,12 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
+from scenario_args import add_scenarios_option, scenario_names  # noqa: E402
 from search_report import BUDGETS, METHODS, scenario_table  # noqa: E402
 from search_scenarios import (  # noqa: E402
     BASE_GRID,
     EDGE_SHARES,
     KV_SHARES,
-    SCENARIOS,
-    UNSEEN,
     Scenario,
     by_name,
 )
@@ -254,20 +253,16 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--seeds", type=int, default=10)
     ap.add_argument("--procs", type=int, default=2)
-    ap.add_argument("--scenarios", default=",".join(s.name for s in SCENARIOS),
-                    help="comma-separated names (default: the suite's five); also: "
-                    + ", ".join(s.name for s in UNSEEN))
+    add_scenarios_option(ap)
     ap.add_argument("--truth-only", action="store_true", help="compute the ground truths and stop")
     ap.add_argument("--per-budget", action="store_true",
                     help="also run the tuner as `tuner tune --trials N` does for N = 10, 20, 30 "
                     "(its start-up set for N), and rate it at N on that study")
     args = ap.parse_args()
-    known = [s.name for s in (*SCENARIOS, *UNSEEN)]
-    if unknown := [n for n in args.scenarios.split(",") if n not in known]:
-        ap.error(f"unknown scenario {', '.join(unknown)} (known: {', '.join(known)})")
+    names = scenario_names(ap, args.scenarios)
     t0 = time.time()
     _init()
-    scenarios = [by_name(n) for n in args.scenarios.split(",")]
+    scenarios = [by_name(n) for n in names]
     out = [f"{'budget':>8}  " + "  ".join(f"{m + ' med [min] >rnd':>21}" for m in METHODS)]
     failed = False
     with mp.Pool(args.procs, _init) as pool:
