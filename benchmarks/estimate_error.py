@@ -100,8 +100,8 @@ def main() -> int:
         print(f"{name}:")
         for (cell, graph), forms in sorted(groups.items()):
             every = sorted(r for rs in forms.values() for r in rs)
-            within = min((min(rs) / median(rs), form) for form, rs in forms.items()
-                         if len(rs) >= 3) if any(len(rs) >= 3 for rs in forms.values()) else None
+            within = min(((min(rs) / median(rs), form) for form, rs in forms.items()
+                          if len(rs) >= 3), default=None)
             print(f"  {cell:18} {'graphs' if graph else 'eager':6} n={len(every):4d} "
                   f"min {every[0]:.3f} median {median(every):.3f} max {every[-1]:.3f}; "
                   f"{len(forms)} forms, min / median of one form "

@@ -128,3 +128,11 @@ def test_an_oom_proves_a_forward_scale_for_its_form_of_forward():
                            params={"x": 1}, outcome="oom", memory=estimate_attr(est(2, 6), False),
                            cells=[{"cell": {"key": "c"}, "error_class": ""}])
     assert proven([finished], CAP) == {}    # every cell held: the OOM came after them
+
+
+def test_no_proven_scale_no_skip_by_that_rule():
+    """Weights + pool + prior runtime just over the card, nothing proven: the rule has no
+    evidence and stays silent (the prior margin decides)."""
+    est = Estimate(weights=15 * GIB, pool=int(7.5 * GIB), runtime=2 * GIB, forward=GIB,
+                   peak_cell="c", cell_forwards=(("c", GIB),), cell_forms=(("c", "decode"),))
+    assert not decide(est, CAP, [], proven={}).skip       # 25.5 GiB: within the prior margin

@@ -179,7 +179,7 @@ def proven(trials: Sequence[TrialRecord], capacity: int) -> dict[tuple[str, bool
     whether an estimated worst case happens depends on its form (a prefill of two 4k prompts
     arriving together, on the simulated Llama-3.1-8B / RTX 4090, ran one at a time, at 0.54 of
     the estimate, where single prefills ran at 1.02 or more).  With it (and decode-first's
-    running set counted right), the pre-screen on random search's proposals skipped 85% of the
+    running set counted right), the pre-screen on random search's proposals skipped 84% of the
     would-OOM configs of Llama-3.1-70B / H200 where the OOM-margin rule alone skipped 30%, with
     no feasible config skipped (benchmarks/prescreen_recall.py, results round 19)."""
     runtimes = {g: calibrated_runtime(trials, g) for g in (False, True)}

@@ -172,8 +172,8 @@ def decide(est: Estimate, capacity: int, trials: Sequence[TrialRecord],
                         f"{capacity / gib:.2f} GiB by more than {PRIOR_MARGIN:.0%}")
     forms = dict(est.cell_forms)
     for cell, forward in est.cell_forwards:
-        scale = (proven or {}).get((cell, graph, forms.get(cell, "")), 0.0)
-        if forward > 0 and est.static + est.runtime + scale * forward > capacity:
+        scale = (proven or {}).get((cell, graph, forms.get(cell, "")))
+        if scale is not None and est.static + est.runtime + scale * forward > capacity:
             return Decision(True, need, threshold,
                             f"an OOM proved the forward of its form ({forms[cell]} in cell "
                             f"{cell}) at least {scale:.2f}x the estimate: at that scale it "
