@@ -3,7 +3,7 @@
 Why: the pre-screen and the KV edge transfer what one config's run taught (a forward scale:
 reached transient bytes / estimated forward) to other configs of the same cell, CUDA-graph
 setting and form of forward (`tuner.trial.memory_estimate.cell_forward`: a prefill of N
-prompts, beside decodes or not; a decode).  That is only as good as the scale is alike within
+prompts, beside M live decodes or none; a decode).  That is only as good as the scale is alike within
 such a group.  This script measures it: random configs of each scenario of
 benchmarks/search_scenarios.py (Optuna's RandomSampler over the resolved InfiniLM space,
 absolute KV pools), each cell run alone on a clone of the scenario's card with unbounded memory

@@ -136,3 +136,36 @@ def test_no_proven_scale_no_skip_by_that_rule():
     est = Estimate(weights=15 * GIB, pool=int(7.5 * GIB), runtime=2 * GIB, forward=GIB,
                    peak_cell="c", cell_forwards=(("c", GIB),), cell_forms=(("c", "decode"),))
     assert not decide(est, CAP, [], proven={}).skip       # 25.5 GiB: within the prior margin
+
+
+def test_a_forward_measured_on_a_healthy_run_bars_a_config_of_its_form_that_cannot_fit():
+    """A healthy run (pool 2, runtime 2.5 measured, forward estimated 4 GiB, measured 4.4 by
+    its memory mark) measures its form's scale at 1.1; a config of that form with a larger
+    pool and a smaller forward cannot fit at that scale, though its estimate is within the
+    card, and no OOM has happened.  Another form, another graph setting or no mark: silent."""
+    from tuner.trial.kv_calibration import measured
+
+    def est(pool: float, forward: float, form: str = "prefill of 1 beside 2 decodes") -> Estimate:
+        return Estimate(weights=15 * GIB, pool=int(pool * GIB), runtime=int(2.5 * GIB),
+                        forward=int(forward * GIB), peak_cell="c",
+                        cell_forwards=(("c", int(forward * GIB)),), cell_forms=(("c", form),))
+    idle = int(19.5 * GIB)                           # weights + pool + 2.5 GiB of runtime
+    run = TrialRecord(number=0, state=TrialState.COMPLETE, values=(1.0,), constraints={},
+                      params={"x": 1}, outcome="ok", memory=estimate_attr(est(2, 4), False),
+                      idle_bytes=idle,
+                      cells=[{"cell": {"key": "c"}, "error_class": None,
+                              "peak_bytes": idle + int(4.4 * GIB)}])
+    scales = measured([run])
+    assert abs(scales[("c", False, "prefill of 1 beside 2 decodes")] - 1.1) < 1e-6
+    # 15 + 3 + 2.5 + 1.1 x 3.3 = 24.13 GiB > 24; the estimate says 23.8
+    assert decide(est(3, 3.3), CAP, [run], measured=scales).skip
+    assert "measured" in decide(est(3, 3.3), CAP, [run], measured=scales).reason
+    assert not decide(est(3, 3.0), CAP, [run], measured=scales).skip      # 23.8 GiB fits
+    assert not decide(est(3, 3.3, "prefill of 1 beside 3 decodes"), CAP, [run],
+                      measured=scales).skip
+    assert not decide(est(3, 3.3), CAP, [run], graph=True, measured=scales).skip
+    assert not decide(est(3, 3.3), CAP, [run]).skip                       # without the marks
+    unmarked = TrialRecord(number=0, state=TrialState.COMPLETE, values=(1.0,), constraints={},
+                           params={"x": 1}, outcome="ok", memory=run.memory, idle_bytes=idle,
+                           cells=[{"cell": {"key": "c"}, "error_class": None}])
+    assert measured([unmarked]) == {}

@@ -200,6 +200,29 @@ def proven(trials: Sequence[TrialRecord], capacity: int) -> dict[tuple[str, bool
     return out
 
 
+def measured(trials: Sequence[TrialRecord]) -> dict[tuple[str, bool, str], float]:
+    """(cell, CUDA graphs, form of the forward) -> the smallest forward scale the memory marks
+    of the runs measured (`_measured_forwards` over the estimate), from every cell that held.
+    The pre-screen skips a config whose forward of that form, at that scale, cannot fit: the
+    OOM rules need an OOM of the cell first, while on the scenarios where a study sees one or
+    two OOMs in all, those were each the first of their cell, estimated 0-10% over the card,
+    and healthy runs had measured their form before them (results round 20).  The smallest,
+    not the median: within one form the scale still differs between configs (0.97 to 1.07
+    for one 4k prefill beside 3 decodes on Llama-3.1-8B / RTX 4090)."""
+    lazy = pool_on_first_use(trials)
+    out: dict[tuple[str, bool, str], float] = {}
+    for t in trials:
+        attr = _stored(t)
+        if attr is None or t.outcome not in (*HEALTHY, "oom") or "cell_forms" not in attr:
+            continue
+        for cell, bytes_ in _measured_forwards(t, attr, lazy).items():
+            forward = attr["cell_forwards"].get(cell, 0)
+            if forward > 0:
+                key = (cell, bool(attr["cuda_graph"]), attr["cell_forms"].get(cell, ""))
+                out[key] = min(out.get(key, math.inf), bytes_ / forward)
+    return out
+
+
 def _measured_forwards(t: TrialRecord, attr: Mapping[str, Any], lazy: bool) -> dict[str, int]:
     """Cell key -> the transient bytes the cell measured (high-water mark over the loaded
     server), for each held cell that raised the mark: the mark only grows, so a cell that left

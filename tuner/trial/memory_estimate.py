@@ -187,7 +187,7 @@ def checked_bytes(model: ModelInfo, k: Knobs) -> int:
 
 def cell_forward(model: ModelInfo, k: Knobs, cell: Cell) -> tuple[int, str]:
     """Largest transient need of one cell, and its form: a prefill batch beside live decodes
-    ("prefill of N", "... beside decodes"), a full decode ("decode") or a checked budget.
+    ("prefill of N", "... beside M decodes"), a full decode ("decode") or a checked budget.
 
     Follows the admission rules servers of this kind share: a request reserves blocks for its
     prompt + max_tokens, a prefill step takes at most `prefill_limit` requests and `token_budget`
@@ -198,6 +198,10 @@ def cell_forward(model: ModelInfo, k: Knobs, cell: Cell) -> tuple[int, str]:
     are counted at their longest (prompt + output), which is where the largest forward happens.
     The form names which of these worst cases the figure is: configs whose worst case has one
     form are misjudged alike, configs of different forms are not (`tuner.trial.prescreen`).
+    The live decodes are counted in the form because they are the estimate's upper bound (a
+    context copy each at its longest): on the simulated Llama-3.1-8B / RTX 4090 a single 4k
+    prefill beside 2 decodes reached 0.86-0.89 of its estimate, beside 1 or 3 0.97-1.07
+    (benchmarks/results/search_efficiency.md, round 20).
     """
     prompt, total = max(cell.input_len, 1), cell.input_len + cell.output_len
     if k.kv_tokens is not None:
@@ -223,7 +227,7 @@ def cell_forward(model: ModelInfo, k: Knobs, cell: Cell) -> tuple[int, str]:
     else:
         live = running - n_pre
     prefill = per_tok * n_pre * prompt + kv_tok * live * total
-    form = f"prefill of {n_pre}" + (" beside decodes" if live else "")
+    form = f"prefill of {n_pre}" + (f" beside {live} decode{'s' * (live > 1)}" if live else "")
     if k.budget_checked and k.token_budget and per_tok * int(k.token_budget) > prefill:
         prefill, form = per_tok * int(k.token_budget), "checked budget"
     n_dec = int(min(running, k.decode_limit))

@@ -31,7 +31,7 @@ from tuner.study.objective import suggest
 from tuner.study.pareto import on_front
 from tuner.study.record import Stage, TrialRecord, records
 from tuner.trial.context import TrialContext
-from tuner.trial.kv_calibration import proven
+from tuner.trial.kv_calibration import measured, proven
 from tuner.trial.kv_share import KvEdge, kv_param
 from tuner.trial.memory_estimate import Estimate, Knobs, estimate, knobs_from_params
 from tuner.trial.prescreen import calibrated_runtime, decide, estimate_attr, memory_constraint
@@ -97,7 +97,7 @@ class AdaptivePipeline:
             edge = self.kv_edge
             verdict = decide(est, self.capacity, trials,
                              edge.calibrated_need(params, trials) if edge is not None else None,
-                             knobs.cuda_graph, proven(trials, self.capacity))
+                             knobs.cuda_graph, proven(trials, self.capacity), measured(trials))
             if verdict.skip:
                 return self._skipped(params, verdict.reason)
         cells = stress_order(self.ctx.workload.cells, est)

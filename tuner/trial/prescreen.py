@@ -25,11 +25,18 @@ own evidence:
   batches, estimated at 18.5 GiB, got a config with a 3k-token batch and a larger pool,
   estimated at 21.5 GiB of a 24 GiB card, skipped without a run);
 * proven scales: an OOM in a cell proves that cell's forward, of its form (a prefill of N
-  prompts, beside decodes or not; a decode), at least (card - weights - pool - runtime) /
+  prompts, beside M decodes or none; a decode), at least (card - weights - pool - runtime) /
   estimated forward times the estimate (`tuner.trial.kv_calibration.proven`); a config whose
   forward of that form cannot fit at that scale is skipped, whatever its pool.  The margin
   rule above needs a forward no smaller than the OOM's; this one transfers the scale instead,
   and only between configs whose worst case has the same form;
+* measured scales: where the card's memory marks measured a cell's forward on a run
+  (`tuner.trial.kv_calibration.measured`), a config whose forward of the same form, at the
+  smallest scale measured for it, plus its weights, pool and the smallest runtime seen, cannot
+  fit is skipped.  No margin: every part is the least the study has seen.  The OOM rules need
+  an OOM first; on scenarios where a whole study meets one or two, each is the first of its
+  cell, estimated 0-10% over the card (under the prior margin), and the marks of healthy runs
+  of its form had measured it (benchmarks/results/search_efficiency.md, round 20);
 * a footprint check (`Estimate.checked`, role `cache_memory_share`): the server's own
   arithmetic, so once a server was seen idle (the runtime measured) a config the check
   refuses is skipped without a margin; before that, only by the prior margin;
@@ -48,7 +55,7 @@ far a config is from the memory edge, where the best configs of a KV-bound workl
 from __future__ import annotations
 
 import statistics
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -83,8 +90,10 @@ def _stored(t: TrialRecord) -> Mapping[str, Any] | None:
     return t.memory
 
 
-def calibrated_runtime(trials: Sequence[TrialRecord], cuda_graph: bool) -> int:
-    """Median measured runtime overhead for this graph setting (see module doc), else the prior."""
+def calibrated_runtime(trials: Sequence[TrialRecord], cuda_graph: bool,
+                       pick: Callable[[list[int]], float] = statistics.median) -> int:
+    """Median (or `pick` of the) measured runtime overhead for this graph setting (see module
+    doc), else the prior."""
     seen: dict[bool, list[int]] = {False: [], True: []}
     lazy = pool_on_first_use(trials)
     for t in trials:
@@ -94,11 +103,11 @@ def calibrated_runtime(trials: Sequence[TrialRecord], cuda_graph: bool) -> int:
             seen[bool(attr["cuda_graph"])].append(max(0, beyond) if lazy
                                                   else beyond - attr["pool"])
     if seen[cuda_graph]:
-        return int(statistics.median(seen[cuda_graph]))
+        return int(pick(seen[cuda_graph]))
     other = seen[not cuda_graph]
     if other:
         return (
-            int(statistics.median(other))
+            int(pick(other))
             + runtime_prior(cuda_graph)
             - runtime_prior(not cuda_graph)
         )
@@ -135,12 +144,14 @@ def refused_by_check(attr: Mapping[str, Any], runtime: int, capacity: int) -> bo
 
 def decide(est: Estimate, capacity: int, trials: Sequence[TrialRecord],
            calibrated: float | None = None, graph: bool = False,
-           proven: Mapping[tuple[str, bool, str], float] | None = None) -> Decision:
+           proven: Mapping[tuple[str, bool, str], float] | None = None,
+           measured: Mapping[tuple[str, bool, str], float] | None = None) -> Decision:
     """Skip or run a config whose (calibrated) estimate is `est` and CUDA-graph setting
     `graph`, given the study so far; `calibrated`: its need with the forward scale the study
     measured (see module doc), which the margin rule reads where it is lower.  The OOM rule
     compares estimates of one mechanism, so it keeps the estimate; `proven`: the forward
-    scales the study's OOMs proved, per form of forward (`tuner.trial.kv_calibration.proven`)."""
+    scales the study's OOMs proved, per form of forward (`tuner.trial.kv_calibration.proven`);
+    `measured`: the smallest its memory marks measured (`tuner.trial.kv_calibration.measured`)."""
     need = est.need
     certain = need if calibrated is None else min(need, int(calibrated))
     runtime = {g: calibrated_runtime(trials, g) for g in (False, True)}  # once, not per trial
@@ -156,9 +167,9 @@ def decide(est: Estimate, capacity: int, trials: Sequence[TrialRecord],
     bar = min([prior, *oom])
     threshold = max(floor, bar)
     gib = 2 ** 30
-    measured = any(t.idle_bytes for t in trials if _stored(t) is not None)
+    idle_seen = any(t.idle_bytes for t in trials if _stored(t) is not None)
     attr = estimate_attr(est, graph)
-    if measured and refused_by_check(attr, runtime[graph], capacity):
+    if idle_seen and refused_by_check(attr, runtime[graph], capacity):
         want = _check_need(attr, runtime[graph])
         return Decision(True, need, threshold,
                         f"the server's footprint check wants {want / gib:.2f} GiB of the card's "
@@ -170,21 +181,36 @@ def decide(est: Estimate, capacity: int, trials: Sequence[TrialRecord],
         return Decision(True, need, threshold,
                         f"predicted peak {certain / gib:.2f} GiB exceeds the card's "
                         f"{capacity / gib:.2f} GiB by more than {PRIOR_MARGIN:.0%}")
-    forms = dict(est.cell_forms)
-    for cell, forward in est.cell_forwards:
-        scale = (proven or {}).get((cell, graph, forms.get(cell, "")))
-        if scale is not None and est.static + est.runtime + scale * forward > capacity:
+    rules = ((proven, est.runtime, "an OOM proved the forward of its form", "at least"),
+             (measured, calibrated_runtime(trials, graph, min),
+              "runs measured the forward of its form", "at no less than"))
+    for scales, rt, who, bound in rules:
+        hit = _beyond_scale(est, scales or {}, graph, rt, capacity)
+        if hit is not None:
+            cell, form, scale, at = hit
             return Decision(True, need, threshold,
-                            f"an OOM proved the forward of its form ({forms[cell]} in cell "
-                            f"{cell}) at least {scale:.2f}x the estimate: at that scale it "
-                            f"needs {(est.static + est.runtime + scale * forward) / gib:.2f} GiB "
-                            f"of the card's {capacity / gib:.2f} GiB")
+                            f"{who} ({form} in cell {cell}) {bound} {scale:.2f}x the estimate: "
+                            f"at that scale it needs {at / gib:.2f} GiB of the card's "
+                            f"{capacity / gib:.2f} GiB")
     if oom and need >= min(oom) + OOM_MARGIN * capacity:
         return Decision(True, need, threshold,
                         f"predicted peak {need / gib:.2f} GiB is above that of a config that ran "
                         f"out of memory ({min(oom) / gib:.2f} GiB, same largest cell) by more "
                         f"than {OOM_MARGIN:.0%} of the card")
     return Decision(False, need, threshold, f"predicted peak {need / gib:.2f} GiB may fit")
+
+
+def _beyond_scale(est: Estimate, scales: Mapping[tuple[str, bool, str], float], graph: bool,
+                  runtime: int, capacity: int) -> tuple[str, str, float, int] | None:
+    """(cell, form, scale, need) of the first cell whose forward, at the scale `scales` holds
+    for its form, does not fit beside the weights, the pool and `runtime`; None if all fit."""
+    forms = dict(est.cell_forms)
+    for cell, forward in est.cell_forwards:
+        form = forms.get(cell, "")
+        scale = scales.get((cell, graph, form))
+        if scale is not None and (at := int(est.static + runtime + scale * forward)) > capacity:
+            return cell, form, scale, at
+    return None
 
 
 def memory_constraint(need: int, capacity: int, outcome: str) -> float:
