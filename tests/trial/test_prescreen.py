@@ -142,7 +142,7 @@ def test_a_forward_measured_on_a_healthy_run_bars_a_config_of_its_form_that_cann
     """A healthy run (pool 2, runtime 2.5 measured, forward estimated 4 GiB, measured 4.4 by
     its memory mark) measures its form's scale at 1.1; a config of that form with a larger
     pool and a smaller forward cannot fit at that scale, though its estimate is within the
-    card, and no OOM has happened.  Another form, another graph setting or no mark: silent."""
+    card, and no OOM has happened.  Another form or no mark: silent."""
     from tuner.trial.kv_calibration import measured
 
     def est(pool: float, forward: float, form: str = "prefill of 1 beside 2 decodes") -> Estimate:
@@ -163,7 +163,16 @@ def test_a_forward_measured_on_a_healthy_run_bars_a_config_of_its_form_that_cann
     assert not decide(est(3, 3.0), CAP, [run], measured=scales).skip      # 23.8 GiB fits
     assert not decide(est(3, 3.3, "prefill of 1 beside 3 decodes"), CAP, [run],
                       measured=scales).skip
+    # a graph config needs a graph run of its form; the eager run's smaller scale then wins
     assert not decide(est(3, 3.3), CAP, [run], graph=True, measured=scales).skip
+    far = TrialRecord(number=1, state=TrialState.COMPLETE, values=(1.0,), constraints={},
+                      params={"x": 2}, outcome="ok", memory=estimate_attr(est(2, 4), True),
+                      idle_bytes=idle, cells=[{"cell": {"key": "c"}, "error_class": None,
+                                               "peak_bytes": idle + int(4.8 * GIB)}])
+    both = measured([run, far])
+    assert both[("c", True, "prefill of 1 beside 2 decodes")] == scales[
+        ("c", False, "prefill of 1 beside 2 decodes")]
+    assert measured([far])[("c", True, "prefill of 1 beside 2 decodes")] > 1.15
     assert not decide(est(3, 3.3), CAP, [run]).skip                       # without the marks
     unmarked = TrialRecord(number=0, state=TrialState.COMPLETE, values=(1.0,), constraints={},
                            params={"x": 1}, outcome="ok", memory=run.memory, idle_bytes=idle,

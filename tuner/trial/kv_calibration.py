@@ -206,11 +206,17 @@ def measured(trials: Sequence[TrialRecord]) -> dict[tuple[str, bool, str], float
     The pre-screen skips a config whose forward of that form, at that scale, cannot fit: the
     OOM rules need an OOM of the cell first, while on the scenarios where a study sees one or
     two OOMs in all, those were each the first of their cell, estimated 0-10% over the card,
-    and healthy runs had measured their form before them (results round 20).  The smallest,
-    not the median: within one form the scale still differs between configs (0.97 to 1.07
-    for one 4k prefill beside 3 decodes on Llama-3.1-8B / RTX 4090)."""
+    and healthy runs had often measured their form before them (results round 20).  The
+    smallest, not the median: within one form the scale still differs between configs (0.97
+    to 1.07 for one 4k prefill beside 3 decodes on Llama-3.1-8B / RTX 4090).  A form measured
+    with the config's own CUDA-graph setting is needed; where the other setting measured it
+    smaller, that smaller scale is the one (the graph pool is in the idle memory the marks are
+    measured from, and `Calibration.nearest` reads both): on Qwen2.5-7B / A100 40 GB the graph
+    flip of an incumbent, put at its edge by the incumbent's 1.044, was skipped on a far graph
+    config's 1.050 (40 MB over the card), and ran healthy.  The other setting's scale alone is
+    not enough: applied to forms only it had measured, it skipped 2 feasible configs of 70B."""
     lazy = pool_on_first_use(trials)
-    out: dict[tuple[str, bool, str], float] = {}
+    own: dict[tuple[str, bool, str], float] = {}
     for t in trials:
         attr = _stored(t)
         if attr is None or t.outcome not in (*HEALTHY, "oom") or "cell_forms" not in attr:
@@ -219,8 +225,9 @@ def measured(trials: Sequence[TrialRecord]) -> dict[tuple[str, bool, str], float
             forward = attr["cell_forwards"].get(cell, 0)
             if forward > 0:
                 key = (cell, bool(attr["cuda_graph"]), attr["cell_forms"].get(cell, ""))
-                out[key] = min(out.get(key, math.inf), bytes_ / forward)
-    return out
+                own[key] = min(own.get(key, math.inf), bytes_ / forward)
+    return {(cell, graph, form): min(scale, own.get((cell, not graph, form), math.inf))
+            for (cell, graph, form), scale in own.items()}
 
 
 def _measured_forwards(t: TrialRecord, attr: Mapping[str, Any], lazy: bool) -> dict[str, int]:
