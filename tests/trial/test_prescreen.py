@@ -3,7 +3,7 @@
 from optuna.trial import TrialState
 
 from tuner.study.record import TrialRecord
-from tuner.trial.kv_calibration import proven
+from tuner.trial.kv_calibration import measured, proven
 from tuner.trial.memory_estimate import Estimate
 from tuner.trial.prescreen import calibrated_runtime, decide, estimate_attr
 
@@ -14,6 +14,13 @@ CAP = 24 * GIB
 def _est(pool_gib: float, runtime_gib: float = 2.0, forward_gib: float = 1.0) -> Estimate:
     return Estimate(weights=15 * GIB, pool=int(pool_gib * GIB), runtime=int(runtime_gib * GIB),
                     forward=int(forward_gib * GIB), peak_cell="c")
+
+
+def _formed(pool: float, forward: float, form: str, runtime: float = 2.0) -> Estimate:
+    """One cell "c" whose worst case has `form`; sizes in GiB."""
+    return Estimate(weights=15 * GIB, pool=int(pool * GIB), runtime=int(runtime * GIB),
+                    forward=int(forward * GIB), peak_cell="c",
+                    cell_forwards=(("c", int(forward * GIB)),), cell_forms=(("c", form),))
 
 
 def _trial(est: Estimate, outcome: str, idle: int | None = None, graph: bool = False):
@@ -111,9 +118,7 @@ def test_an_oom_proves_a_forward_scale_for_its_form_of_forward():
     the estimate; a config with a smaller forward of that form but a larger pool cannot fit at
     that scale, which the need-plus-margin rule (a forward no smaller) does not see."""
     def est(pool: float, forward: float, form: str = "prefill of 2") -> Estimate:
-        return Estimate(weights=15 * GIB, pool=int(pool * GIB), runtime=2 * GIB,
-                        forward=int(forward * GIB), peak_cell="c",
-                        cell_forwards=(("c", int(forward * GIB)),), cell_forms=(("c", form),))
+        return _formed(pool, forward, form)
     oom = TrialRecord(number=0, state=TrialState.COMPLETE, values=(0.0,), constraints={},
                       params={"x": 1}, outcome="oom", memory=estimate_attr(est(2, 6), False),
                       cells=[{"cell": {"key": "c"}, "error_class": "oom"}])
@@ -143,12 +148,8 @@ def test_a_forward_measured_on_a_healthy_run_bars_a_config_of_its_form_that_cann
     its memory mark) measures its form's scale at 1.1; a config of that form with a larger
     pool and a smaller forward cannot fit at that scale, though its estimate is within the
     card, and no OOM has happened.  Another form or no mark: silent."""
-    from tuner.trial.kv_calibration import measured
-
     def est(pool: float, forward: float, form: str = "prefill of 1 beside 2 decodes") -> Estimate:
-        return Estimate(weights=15 * GIB, pool=int(pool * GIB), runtime=int(2.5 * GIB),
-                        forward=int(forward * GIB), peak_cell="c",
-                        cell_forwards=(("c", int(forward * GIB)),), cell_forms=(("c", form),))
+        return _formed(pool, forward, form, runtime=2.5)
     idle = int(19.5 * GIB)                           # weights + pool + 2.5 GiB of runtime
     run = TrialRecord(number=0, state=TrialState.COMPLETE, values=(1.0,), constraints={},
                       params={"x": 1}, outcome="ok", memory=estimate_attr(est(2, 4), False),

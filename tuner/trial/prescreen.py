@@ -33,10 +33,12 @@ own evidence:
 * measured scales: where the card's memory marks measured a cell's forward on a run
   (`tuner.trial.kv_calibration.measured`), a config whose forward of the same form, at the
   smallest scale measured for it, plus its weights, pool and the smallest runtime seen, cannot
-  fit is skipped.  No margin: every part is the least the study has seen.  The OOM rules need
-  an OOM first; on scenarios where a whole study meets one or two, each is the first of its
-  cell, estimated 0-10% over the card (under the prior margin), and the marks of healthy runs
-  of its form had measured it (benchmarks/results/search_efficiency.md, round 20);
+  fit is skipped (the form must have been measured with the config's own CUDA-graph setting).
+  No margin: every part is the least the study has seen, which is not a bound (within one form
+  the scale still varies, down to half its median: benchmarks/estimate_error.py).  The OOM
+  rules need an OOM first; on scenarios where a whole study meets one or two, each is the first
+  of its cell, estimated 0-10% over the card (under the prior margin), and the marks of healthy
+  runs of its form had often measured it (benchmarks/results/search_efficiency.md, round 20);
 * a footprint check (`Estimate.checked`, role `cache_memory_share`): the server's own
   arithmetic, so once a server was seen idle (the runtime measured) a config the check
   refuses is skipped without a margin; before that, only by the prior margin;
