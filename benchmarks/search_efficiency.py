@@ -85,7 +85,8 @@ LAUNCH_S = 60.0
 CHUNKS = 64       # ground-truth work items: enough to keep a many-core machine busy to the end
 TUNER_ONLY = {"study/proposals.py", "study/local_moves.py", "study/design.py",  # run by the
               "study/ascent.py", "study/pool_trades.py",
-              "study/dead_choices.py", "study/flips.py", "trial/kv_share.py",
+              "study/dead_choices.py", "study/flips.py", "study/open_caps.py",
+              "trial/kv_share.py",
               "trial/kv_calibration.py"}  # tuner only
 
 

@@ -1,12 +1,15 @@
 """Numeric local moves: the ascent on ranks and the pool trade."""
 
 from dataclasses import dataclass, field
+from types import SimpleNamespace
 from typing import Any
 
 import optuna
 from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution
 from optuna.study import StudyDirection
 
+from tuner.bench.records import Cell
+from tuner.search.space import Param
 from tuner.study.ascent import ascent_move
 from tuner.study.local_moves import STEP_SCALE
 from tuner.study.pool_trades import floor_relief, pool_trade, reliefs
@@ -168,3 +171,77 @@ def test_a_floor_relief_the_model_cannot_rank_lowers_a_token_budget_first():
     root = Path(__file__).resolve().parents[2]
     assert load_space(root / "search_spaces" / "infinilm.yaml").budgets() == [
         "max_num_batched_tokens"]
+
+
+@dataclass
+class _Study_Edge(_Edge):
+    """`_Edge` as the proposals read it: the edge of a config is its whole pool, and the
+    workload's busiest cell holds `busiest` requests of the `cap` knob's kind."""
+
+    busiest: int = 1
+    pinned: dict[int, int] = field(default_factory=dict)
+
+    @property
+    def space(self):
+        return SimpleNamespace(parameters=[Param("cap", "int", role="decode_batch_cap")])
+
+    @property
+    def cells(self):
+        return (Cell(self.busiest, 16, 16),)
+
+    def edge(self, params, trials):
+        return self.pools[params["budget"]]
+
+    def share_of(self, params, target, trials):
+        return target / self.pools[params["budget"]]
+
+    def carried(self, value, source, target):
+        return value
+
+
+def _ask_local(edge: _Study_Edge, runs: list[tuple[dict[str, Any], int, float]],
+               trials: int | None = None, more: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The proposal of the first local turn after `runs` (params, pool, value) are told."""
+    from tuner.study.proposals import GuidedSampler
+
+    optuna.logging.set_verbosity(optuna.logging.ERROR)
+    space = {**SPACE, **(more or {}), "kv_share": FloatDistribution(0.0, 1.0)}
+    base = optuna.samplers.TPESampler(seed=0, multivariate=True, n_startup_trials=100)
+    sampler = GuidedSampler(base, None, 1, seed=0, edge=edge, trials=trials)  # type: ignore[arg-type]
+    study = optuna.create_study(direction="maximize", sampler=sampler)
+    for params, pool, value in runs:
+        study.add_trial(optuna.trial.create_trial(
+            params={**params, "kv": pool}, values=[value], user_attrs={"outcome": "ok"},
+            distributions={**space, "kv": IntDistribution(pool, pool)}))
+    while True:
+        asked = study.ask(space)
+        if asked.number % 2 == 0 or (trials is not None and asked.number >= trials - trials // 3):
+            return asked.params
+        study.tell(asked, state=optuna.trial.TrialState.FAIL)
+
+
+def test_a_trade_that_ran_below_its_own_edge_is_run_again_at_that_edge():
+    """The trade lowered the budget for a pool the model put at 10000 tokens; its own run
+    showed the model that 13000 fit.  A pool short of what the config can hold says nothing
+    about the trade (on a fresh Mistral-7B / RTX 4090 scenario a trade run 3% under the pool
+    that admits the chat cell's 35th request measured nothing, and one seed stayed at 0.86 of
+    the best for 20 trials): it is run again at its edge, before any other move."""
+    top = {"cap": 64, "y": 0.5, "budget": 16384, "kv_share": 1.0}
+    trade = {**top, "budget": 6889, "kv_share": 10000 / 13000}
+    edge = _Study_Edge({16384: 9000, 6889: 13000})
+    assert _ask_local(edge, [(top, 9000, 5.0), (trade, 10000, 4.9)]) == {**trade, "kv_share": 1.0}
+    # at its edge already: the next move (here, the open cap) instead
+    edge = _Study_Edge({16384: 9000, 6889: 10000}, busiest=96)
+    assert _ask_local(edge, [(top, 9000, 5.0), (trade, 10000, 4.9)])["cap"] == 96
+
+
+def test_in_the_last_third_every_second_local_turn_moves_a_number_before_any_flip():
+    """A flip of the block size waits for a cap the busiest cell runs into: in the last third
+    local turns alternate, a number first at odd trials."""
+    flip = {"c": CategoricalDistribution([16, 256])}
+    top = {"cap": 8, "y": 0.5, "budget": 16384, "kv_share": 1.0, "c": 16}
+    edge = _Study_Edge({16384: 9000}, busiest=48)
+    runs = [(top, 9000, 5.0), ({**top, "y": 0.4}, 9000, 4.0), ({**top, "y": 0.3}, 9000, 3.0)]
+    assert _ask_local(edge, runs, more=flip)["c"] == 256                 # a flip first
+    asked = _ask_local(edge, runs, trials=4, more=flip)                  # trial 3: last third
+    assert asked["cap"] == 48 and asked["c"] == 16

@@ -1,0 +1,47 @@
+"""The open-caps move: a request cap below the busiest cell's concurrency, raised to it."""
+
+from types import SimpleNamespace
+
+from optuna.distributions import CategoricalDistribution, IntDistribution
+
+from tuner.bench.records import Cell
+from tuner.search.space import Param
+from tuner.study.open_caps import in_flight, opened_caps, request_caps
+
+CAPS = ["batch", "decode", "stepped"]
+
+DISTS = {"batch": IntDistribution(1, 128, log=True), "decode": IntDistribution(1, 128),
+         "stepped": IntDistribution(8, 256, step=8), "budget": IntDistribution(1024, 32768, log=True),
+         "graph": CategoricalDistribution([False, True])}
+CELLS = [Cell(48, 384, 256, 96), Cell(8, 3072, 512, 16), Cell(64, 128, 128, 32)]
+
+
+def test_the_request_caps_are_the_batch_caps_not_the_budgets_or_long_context_guards():
+    roles = {"batch": "max_batch", "pc": "prefill_batch_cap", "dc": "decode_batch_cap",
+             "budget": "prefill_token_budget", "long": "long_max_batch", "kv": "kv_tokens"}
+    space = SimpleNamespace(parameters=[Param(n, "int", role=r) for n, r in roles.items()])
+    assert request_caps(space) == ["batch", "pc", "dc"]  # type: ignore[arg-type]
+
+
+def test_in_flight_is_the_most_requests_one_cell_holds():
+    """64 requests at once, but only 32 in the cell: 48 is the most any cell holds."""
+    assert in_flight(CELLS) == 48
+    assert in_flight([]) == 0
+
+
+def test_each_binding_cap_is_raised_to_the_busiest_cells_concurrency_most_binding_first():
+    top = {"batch": 40, "decode": 19, "stepped": 64, "budget": 2048, "graph": True, "kv": 9}
+    moves = opened_caps(top, CAPS, DISTS, CELLS)
+    assert moves == [{**{k: top[k] for k in DISTS}, "decode": 48},
+                     {**{k: top[k] for k in DISTS}, "batch": 48}]
+    # a cap already at or above the concurrency, and the token budget, are never moved
+    assert opened_caps({**top, "batch": 48, "decode": 100}, CAPS, DISTS, CELLS) == []
+
+
+def test_a_cap_lands_on_its_grid_and_never_past_its_range():
+    top = {"batch": 100, "decode": 100, "stepped": 16, "budget": 2048, "graph": False}
+    (move,) = opened_caps(top, CAPS, DISTS, [Cell(50, 10, 10)])
+    assert move["stepped"] == 56                      # 50 rounded up onto the step of 8
+    (move,) = opened_caps({**top, "batch": 128, "stepped": 256, "decode": 60}, CAPS,
+                          {**DISTS, "decode": IntDistribution(1, 64)}, [Cell(500, 10, 10)])
+    assert move["decode"] == 64                       # the top of its range
