@@ -6,7 +6,7 @@ from optuna.distributions import CategoricalDistribution, IntDistribution
 
 from tuner.bench.records import Cell
 from tuner.search.space import Param
-from tuner.study.open_caps import in_flight, opened_caps, request_caps
+from tuner.study.open_caps import in_flight, opened_caps, raised_budgets, request_caps
 
 CAPS = ["batch", "decode", "stepped"]
 
@@ -45,3 +45,19 @@ def test_a_cap_lands_on_its_grid_and_never_past_its_range():
     (move,) = opened_caps({**top, "batch": 128, "stepped": 256, "decode": 60}, CAPS,
                           {**DISTS, "decode": IntDistribution(1, 64)}, [Cell(500, 10, 10)])
     assert move["decode"] == 64                       # the top of its range
+
+
+def test_a_budget_is_raised_towards_the_busiest_cells_prompts_as_far_as_the_pool_fits():
+    """The busiest cell has 32 x 1000 prompt tokens in flight (the 48-request chat cell
+    18432): a budget of 2048 is raised to 32000 where that fits, else to the largest value
+    that does (here, with 10000 the most the pool leaves room for), and never lowered."""
+    dists = {"budget": IntDistribution(1024, 32768, log=True), "cap": IntDistribution(1, 128)}
+    cells = [Cell(48, 384, 256, 96), Cell(32, 1000, 300, 64)]
+    top = {"budget": 2048, "cap": 8}
+    (move,) = raised_budgets(top, ["budget"], dists, cells, lambda c: True)
+    assert move == {"budget": 32000, "cap": 8}
+    (move,) = raised_budgets(top, ["budget"], dists, cells, lambda c: c["budget"] <= 10000)
+    assert 9900 <= move["budget"] <= 10000
+    assert raised_budgets(top, ["budget"], dists, cells, lambda c: c["budget"] <= 2048) == []
+    assert raised_budgets({**top, "budget": 32768}, ["budget"], dists, cells,
+                          lambda c: True) == []

@@ -62,7 +62,7 @@ from tuner.study.flips import (
     untried_flips,
 )
 from tuner.study.local_moves import incumbents, inert_knobs, neighbour, pattern_move
-from tuner.study.open_caps import opened_caps, request_caps
+from tuner.study.open_caps import opened_caps, raised_budgets, request_caps
 from tuner.study.pool_trades import floor_relief, pool_trade, reliefs, trades_of
 from tuner.study.record import KV_SHARE, TrialRecord, config_key, records
 from tuner.trial.kv_share import EDGE_TOL, KvEdge
@@ -239,8 +239,9 @@ class GuidedSampler(BaseSampler):
                  directions: Sequence[Any], search_space: dict[str, BaseDistribution],
                  slack: Slack) -> Local | None:
         """A trade of `top` that ran below its own edge, at that edge, else a pool trade
-        (`tuner.study.pool_trades`), else an open cap (`tuner.study.open_caps`), else an
-        ascent move (`_ascent`), then the pattern move, else a random neighbour that fits."""
+        (`tuner.study.pool_trades`), else an open cap, else a raised budget
+        (`tuner.study.open_caps`), else an ascent move (`_ascent`), then the pattern move,
+        else a random neighbour that fits."""
         fresh = self._fresh(trials)
         for trade in trades_of(top, search_space, self._edge, trials):
             pushed = self._at_edge(trade, trials, search_space)
@@ -251,6 +252,9 @@ class GuidedSampler(BaseSampler):
             opened = opened_caps(top.params, request_caps(self._edge.space), search_space,
                                  self._edge.cells)
             move = next((c for c in opened if fresh(c, slack)), None)
+        if (move is None or not fresh(move, slack)) and \
+                (raised := self._raised_budget(top, trials, search_space, slack)) is not None:
+            return raised
         if move is None or not fresh(move, slack):   # an ascent is not spent on a turn it loses
             move = self._ascent(trials, directions, search_space, lambda c: fresh(c, slack))
         pattern = pattern_move(trials, directions, search_space)
@@ -260,6 +264,28 @@ class GuidedSampler(BaseSampler):
                                 (neighbour(base, search_space, self._rng, inert)
                                  for _ in range(TRIES)))
         return next(((c, None) for c in cands if fresh(c, slack)), None)
+
+    def _raised_budget(self, top: TrialRecord, trials: Sequence[TrialRecord],
+                       search_space: dict[str, BaseDistribution], slack: Slack) -> Local | None:
+        """`top` with a token budget below the busiest cell's prompts raised as far as its own
+        pool still fits (`tuner.study.open_caps.raised_budgets`), pinned to that pool."""
+        edge = self._edge
+        if edge is None or KV_SHARE not in search_space or edge.param.name not in top.params:
+            return None
+        room = edge.room_at(trials)
+        pool = int(top.params[edge.param.name])
+        base = {k: top.params[k] for k in search_space}
+
+        def fits(cand: dict[str, Any]) -> bool:
+            rest = {k: v for k, v in cand.items() if k != KV_SHARE}
+            return room(rest, edge.carried(pool, top.params, rest)) >= 0
+        fresh = self._fresh(trials)
+        for cand in raised_budgets(base, self._budgets, search_space, edge.cells, fits):
+            rest = {k: v for k, v in cand.items() if k != KV_SHARE}
+            pinned = edge.carried(pool, top.params, rest)
+            if fresh(cand, slack, pinned):
+                return cand, pinned
+        return None
 
     def _at_edge(self, top: TrialRecord, trials: Sequence[TrialRecord],
                  search_space: dict[str, BaseDistribution]) -> dict[str, Any] | None:
