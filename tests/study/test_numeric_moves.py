@@ -174,7 +174,7 @@ def test_a_floor_relief_the_model_cannot_rank_lowers_a_token_budget_first():
 
 
 @dataclass
-class _Study_Edge(_Edge):
+class _StudyEdge(_Edge):
     """`_Edge` as the proposals read it: the edge of a config is its whole pool, and the
     workload's busiest cell holds `busiest` requests of the `cap` knob's kind."""
 
@@ -199,7 +199,7 @@ class _Study_Edge(_Edge):
         return value
 
 
-def _ask_local(edge: _Study_Edge, runs: list[tuple[dict[str, Any], int, float]],
+def _ask_local(edge: _StudyEdge, runs: list[tuple[dict[str, Any], int, float]],
                trials: int | None = None, more: dict[str, Any] | None = None) -> dict[str, Any]:
     """The proposal of the first local turn after `runs` (params, pool, value) are told."""
     from tuner.study.proposals import GuidedSampler
@@ -228,10 +228,10 @@ def test_a_trade_that_ran_below_its_own_edge_is_run_again_at_that_edge():
     the best for 20 trials): it is run again at its edge, before any other move."""
     top = {"cap": 64, "y": 0.5, "budget": 16384, "kv_share": 1.0}
     trade = {**top, "budget": 6889, "kv_share": 10000 / 13000}
-    edge = _Study_Edge({16384: 9000, 6889: 13000})
+    edge = _StudyEdge({16384: 9000, 6889: 13000})
     assert _ask_local(edge, [(top, 9000, 5.0), (trade, 10000, 4.9)]) == {**trade, "kv_share": 1.0}
     # at its edge already: the next move (here, the open cap) instead
-    edge = _Study_Edge({16384: 9000, 6889: 10000}, busiest=96)
+    edge = _StudyEdge({16384: 9000, 6889: 10000}, busiest=96)
     assert _ask_local(edge, [(top, 9000, 5.0), (trade, 10000, 4.9)])["cap"] == 96
 
 
@@ -240,7 +240,7 @@ def test_in_the_last_third_every_second_local_turn_moves_a_number_before_any_fli
     local turns alternate, a number first at odd trials."""
     flip = {"c": CategoricalDistribution([16, 256])}
     top = {"cap": 8, "y": 0.5, "budget": 16384, "kv_share": 1.0, "c": 16}
-    edge = _Study_Edge({16384: 9000}, busiest=48)
+    edge = _StudyEdge({16384: 9000}, busiest=48)
     runs = [(top, 9000, 5.0), ({**top, "y": 0.4}, 9000, 4.0), ({**top, "y": 0.3}, 9000, 3.0)]
     assert _ask_local(edge, runs, more=flip)["c"] == 256                 # a flip first
     asked = _ask_local(edge, runs, trials=4, more=flip)                  # trial 3: last third

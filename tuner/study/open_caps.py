@@ -43,14 +43,30 @@ CAP_ROLES = ("max_batch", "prefill_batch_cap", "decode_batch_cap")   # counts of
 RAISE_STEPS = 10   # bisection steps of a raised budget: 1/1024 of the range
 
 
+def _held(cell: Cell) -> int:
+    """The requests `cell` keeps in flight at once."""
+    return min(cell.concurrency, cell.num_prompts or cell.concurrency)
+
+
 def in_flight(cells: Sequence[Cell]) -> int:
     """The most requests one cell of the matrix keeps in flight (0 without cells)."""
-    return max((min(c.concurrency, c.num_prompts or c.concurrency) for c in cells), default=0)
+    return max((_held(c) for c in cells), default=0)
+
+
+def prompt_tokens(cells: Sequence[Cell]) -> int:
+    """The most prompt tokens one cell of the matrix has in flight (0 without cells)."""
+    return max((_held(c) * c.input_len for c in cells), default=0)
 
 
 def request_caps(space: SearchSpace) -> list[str]:
     """The knobs of `space` that cap the requests of one step."""
     return [p.name for p in space.parameters if p.role in CAP_ROLES]
+
+
+def _reaching(dist: IntDistribution, want: int) -> int:
+    """The least value of `dist`'s grid at or above `want`, the top of its range where none."""
+    return min(dist.high, dist.low + -(-(min(want, dist.high) - dist.low) // dist.step)
+               * dist.step)
 
 
 def opened_caps(params: Mapping[str, Any], caps: Collection[str],
@@ -66,17 +82,10 @@ def opened_caps(params: Mapping[str, Any], caps: Collection[str],
         dist = dists.get(name)
         if not isinstance(dist, IntDistribution) or dist.single():
             continue
-        steps = -(-(min(want, dist.high) - dist.low) // dist.step)   # on its grid, not below
-        target = min(dist.high, dist.low + steps * dist.step)
+        target = _reaching(dist, want)
         if target > int(base[name]):
             out.append((int(base[name]) / target, {**base, name: target}))
     return [c for _, c in sorted(out, key=lambda rc: rc[0])]
-
-
-def prompt_tokens(cells: Sequence[Cell]) -> int:
-    """The most prompt tokens one cell of the matrix has in flight (0 without cells)."""
-    return max((min(c.concurrency, c.num_prompts or c.concurrency) * c.input_len
-                for c in cells), default=0)
 
 
 def raised_budgets(params: Mapping[str, Any], budgets: Collection[str],
@@ -91,13 +100,11 @@ def raised_budgets(params: Mapping[str, Any], budgets: Collection[str],
         dist = dists.get(name)
         if not isinstance(dist, IntDistribution) or dist.single():
             continue
-        value = int(params[name])
-        top = min(dist.high, dist.low + -(-(min(want, dist.high) - dist.low) // dist.step)
-                  * dist.step)
+        value, top = int(params[name]), _reaching(dist, want)
         if top <= value:
             continue
-        lo, hi = position(value, dist), position(top, dist)   # fits at lo
         if not fits({**params, name: top}):
+            lo, hi = position(value, dist), position(top, dist)   # fits at lo
             for _ in range(RAISE_STEPS):
                 mid = (lo + hi) / 2
                 lo, hi = (mid, hi) if fits({**params, name: level(dist, mid)}) else (lo, mid)

@@ -248,14 +248,16 @@ class GuidedSampler(BaseSampler):
             if pushed is not None and fresh(pushed, slack):
                 return pushed, None
         move = pool_trade(top, search_space, self._edge, trials)
-        if (move is None or not fresh(move, slack)) and self._edge is not None:
+        if move is not None and not fresh(move, slack):
+            move = None
+        if move is None and self._edge is not None:
             opened = opened_caps(top.params, request_caps(self._edge.space), search_space,
                                  self._edge.cells)
             move = next((c for c in opened if fresh(c, slack)), None)
-        if (move is None or not fresh(move, slack)) and \
-                (raised := self._raised_budget(top, trials, search_space, slack)) is not None:
-            return raised
-        if move is None or not fresh(move, slack):   # an ascent is not spent on a turn it loses
+        if move is None:
+            if (raised := self._raised_budget(top, trials, search_space, slack)) is not None:
+                return raised
+            # an ascent is not spent on a turn another move takes
             move = self._ascent(trials, directions, search_space, lambda c: fresh(c, slack))
         pattern = pattern_move(trials, directions, search_space)
         base = {k: top.params[k] for k in search_space}
@@ -276,14 +278,13 @@ class GuidedSampler(BaseSampler):
         pool = int(top.params[edge.param.name])
         base = {k: top.params[k] for k in search_space}
 
-        def fits(cand: dict[str, Any]) -> bool:
+        def at_pool(cand: dict[str, Any]) -> tuple[dict[str, Any], int]:
             rest = {k: v for k, v in cand.items() if k != KV_SHARE}
-            return room(rest, edge.carried(pool, top.params, rest)) >= 0
+            return rest, edge.carried(pool, top.params, rest)
         fresh = self._fresh(trials)
-        for cand in raised_budgets(base, self._budgets, search_space, edge.cells, fits):
-            rest = {k: v for k, v in cand.items() if k != KV_SHARE}
-            pinned = edge.carried(pool, top.params, rest)
-            if fresh(cand, slack, pinned):
+        for cand in raised_budgets(base, self._budgets, search_space, edge.cells,
+                                   lambda c: room(*at_pool(c)) >= 0):
+            if fresh(cand, slack, pinned := at_pool(cand)[1]):
                 return cand, pinned
         return None
 
