@@ -438,10 +438,11 @@ def test_a_cell_that_raised_the_memory_mark_measured_its_scale_without_an_oom():
     assert calibrate([run("ok", (None, None)), near], CAP).k("big") == 1.0
 
 
-def _marked(params, ratio):
-    """A healthy run of `params` whose one cell ("big", estimated 1 GiB of forward) raised the
-    memory mark `ratio` GiB over its idle 21 GiB: it measured the scale `ratio`."""
-    est = Estimate(15 * GIB, 4 * GIB, 2 * GIB, GIB, "big", cell_forwards=(("big", GIB),))
+def _marked(params, ratio, form=""):
+    """A healthy run of `params` whose one cell ("big", estimated 1 GiB of forward of `form`)
+    raised the memory mark `ratio` GiB over its idle 21 GiB: it measured the scale `ratio`."""
+    est = Estimate(15 * GIB, 4 * GIB, 2 * GIB, GIB, "big", cell_forwards=(("big", GIB),),
+                   cell_forms=(("big", form),))
     return TrialRecord.of(optuna.trial.create_trial(
         params=params, values=[0.0],
         distributions={n: IntDistribution(0, 100000) for n in params},

@@ -56,9 +56,10 @@ from tuner.search.bounds import TEMPLATE_TOKENS, smallest_pool
 from tuner.search.model import ModelInfo
 from tuner.search.space import Param, SearchSpace
 from tuner.study.record import KV_SHARE, TrialRecord, config_key, kv_value
-from tuner.trial.kv_calibration import Calibration, calibrate
+from tuner.trial.kv_calibration import Calibration, calibrate, vouched
 from tuner.trial.memory_estimate import (
     RUNTIME_HIGH_BYTES,
+    Estimate,
     estimate,
     knobs_from_params,
     runtime_prior,
@@ -186,6 +187,15 @@ class KvEdge:
         cal = calibrate(trials, self.capacity, self.knobs_of)
         return self.need(params, int(params[self.param.name]), cal,
                          calibrated_runtime(trials, graph))
+
+    def vouched(self, params: dict[str, Any], trials: Sequence[TrialRecord],
+                est: Estimate) -> frozenset[str]:
+        """The cells of `params` whose nearest measurement clears them of the pre-screen's
+        evidence from farther configs (`tuner.trial.kv_calibration.vouched`)."""
+        graph = knobs_from_params(self.space, params).cuda_graph
+        return vouched(trials, est, graph, self.knobs_of(params),
+                       calibrate(trials, self.capacity, self.knobs_of), self.knobs_of,
+                       self.capacity)
 
     def knobs_of(self, params: Mapping[str, Any]) -> dict[str, Any]:
         """A config's params but its pool (and the share it was drawn from)."""

@@ -142,6 +142,7 @@ class Estimate:
     cell_forwards: tuple[tuple[str, int], ...] = ()   # (cell key, forward bytes) per cell
     cell_forms: tuple[tuple[str, str], ...] = ()      # (cell key, form of that forward)
     checked: int = 0        # what the server's footprint check needs free when loaded (doc)
+    cell_least: tuple[tuple[str, int], ...] = ()      # (cell key, least_forward) per cell
 
     @property
     def static(self) -> int:
@@ -235,6 +236,17 @@ def cell_forward(model: ModelInfo, k: Knobs, cell: Cell) -> tuple[int, str]:
     return (int(prefill), form) if prefill >= decode else (int(decode), "decode")
 
 
+def least_forward(model: ModelInfo, k: Knobs, cell: Cell) -> int:
+    """The forward a cell cannot avoid, whatever its arrivals: one prompt's prefill alone (the
+    first request of a prefill step always goes whole); 0 where the pool admits no request.
+    Where `cell_forward`'s worst case is an upper bound that arrivals may never reach (two 4k
+    prompts prefilled together ran one at a time, at 0.54 of their estimate, on the simulated
+    Llama-3.1-8B / RTX 4090), this is the part every run of the cell does reach."""
+    if cell_forward(model, k, cell)[1] == "none":
+        return 0
+    return act_bytes_per_token(model) * max(cell.input_len, 1)
+
+
 def estimate(model: ModelInfo, k: Knobs, cells: list[Cell] | tuple[Cell, ...],
              runtime: int | None = None) -> Estimate:
     """The config's need on this workload; `runtime` overrides the prior overhead."""
@@ -246,4 +258,5 @@ def estimate(model: ModelInfo, k: Knobs, cells: list[Cell] | tuple[Cell, ...],
                     forward=forward, peak_cell=peak_cell,
                     cell_forwards=tuple((key, f) for key, f, _ in each),
                     cell_forms=tuple((key, form) for key, _, form in each),
-                    checked=checked_bytes(model, k))
+                    checked=checked_bytes(model, k),
+                    cell_least=tuple((c.key, least_forward(model, k, c)) for c in cells))

@@ -95,9 +95,13 @@ class AdaptivePipeline:
             # Without a KV role the estimate knows neither the pool nor the largest forward, so
             # it has no business skipping anything (seen on the H200: every config skipped).
             edge = self.kv_edge
-            verdict = decide(est, self.capacity, trials,
-                             edge.calibrated_need(params, trials) if edge is not None else None,
-                             knobs.cuda_graph, proven(trials, self.capacity), measured(trials))
+            calibrated = edge.calibrated_need(params, trials) if edge is not None else None
+            # what the proposals' model, reading the nearest runs' scales, says fits is not
+            # overruled by evidence carried from farther configs
+            near = edge.vouched(params, trials, est) if edge is not None and \
+                calibrated is not None and calibrated <= self.capacity else frozenset()
+            verdict = decide(est, self.capacity, trials, calibrated, knobs.cuda_graph,
+                             proven(trials, self.capacity), measured(trials), near)
             if verdict.skip:
                 return self._skipped(params, verdict.reason)
         cells = stress_order(self.ctx.workload.cells, est)

@@ -39,6 +39,23 @@ own evidence:
   rules need an OOM first; on scenarios where a whole study meets one or two, each is the first
   of its cell, estimated 0-10% over the card (under the prior margin), and the marks of healthy
   runs of its form had often measured it (benchmarks/results/search_efficiency.md, round 20);
+* the least any run measured: every cell runs at least one prompt's prefill alone
+  (`tuner.trial.memory_estimate.least_forward`), and no form of forward was measured below
+  the smallest scale the marks saw; a config whose weights, pool, least runtime seen and that
+  prefill at that scale (at 0 before any mark: it cannot even start) cannot fit is skipped,
+  whatever its own form.  The measured-scale rule needs the config's own form measured; on
+  random search's proposals most forms never are (most configs of a random stream run out of
+  memory), and the launched OOMs were mostly of forms no run had measured, or pools that did
+  not leave the runtime room to start.  The smallest scale of all applied to the whole worst
+  case skipped 9 feasible configs of 5,600 (8B and 3B on an RTX 4090: a compound form's
+  worst case is rarely reached, and one run's few measured forms put the smallest scale at
+  0.98-1.09); applied to one prompt's prefill it skipped none, and took recall (would-OOM
+  configs not launched) from 31 to 54% on Qwen2.5-7B / L40S and from 86 to 97% on 70B / H200
+  (benchmarks/prescreen_recall.py, results round 23);
+* a nearer measurement: the rules that carry evidence from other configs (the OOM margin,
+  the proven and measured scales, the least of all) leave alone a cell the config's nearest
+  measured config, fewer knobs away than every run that puts the cell's form higher, says
+  fits (`tuner.trial.kv_calibration.vouched`);
 * a footprint check (`Estimate.checked`, role `cache_memory_share`): the server's own
   arithmetic, so once a server was seen idle (the runtime measured) a config the check
   refuses is skipped without a margin; before that, only by the prior margin;
@@ -56,8 +73,9 @@ far a config is from the memory edge, where the best configs of a KV-bound workl
 
 from __future__ import annotations
 
+import dataclasses
 import statistics
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -147,13 +165,16 @@ def refused_by_check(attr: Mapping[str, Any], runtime: int, capacity: int) -> bo
 def decide(est: Estimate, capacity: int, trials: Sequence[TrialRecord],
            calibrated: float | None = None, graph: bool = False,
            proven: Mapping[tuple[str, bool, str], float] | None = None,
-           measured: Mapping[tuple[str, bool, str], float] | None = None) -> Decision:
+           measured: Mapping[tuple[str, bool, str], float] | None = None,
+           vouched: Collection[str] = ()) -> Decision:
     """Skip or run a config whose (calibrated) estimate is `est` and CUDA-graph setting
     `graph`, given the study so far; `calibrated`: its need with the forward scale the study
     measured (see module doc), which the margin rule reads where it is lower.  The OOM rule
     compares estimates of one mechanism, so it keeps the estimate; `proven`: the forward
     scales the study's OOMs proved, per form of forward (`tuner.trial.kv_calibration.proven`);
-    `measured`: the smallest its memory marks measured (`tuner.trial.kv_calibration.measured`)."""
+    `measured`: the smallest its memory marks measured (`tuner.trial.kv_calibration.measured`);
+    `vouched`: cells a nearer measurement clears (`tuner.trial.kv_calibration.vouched`), which
+    the rules that carry evidence from other configs (scales, the OOM margin) leave alone."""
     need = est.need
     certain = need if calibrated is None else min(need, int(calibrated))
     runtime = {g: calibrated_runtime(trials, g) for g in (False, True)}  # once, not per trial
@@ -183,18 +204,25 @@ def decide(est: Estimate, capacity: int, trials: Sequence[TrialRecord],
         return Decision(True, need, threshold,
                         f"predicted peak {certain / gib:.2f} GiB exceeds the card's "
                         f"{capacity / gib:.2f} GiB by more than {PRIOR_MARGIN:.0%}")
-    rules = ((proven, est.runtime, "an OOM proved the forward of its form", "at least"),
-             (measured, calibrated_runtime(trials, graph, min),
-              "runs measured the forward of its form", "at no less than"))
-    for scales, rt, who, bound in rules:
-        hit = _beyond_scale(est, scales or {}, graph, rt, capacity)
+    least = calibrated_runtime(trials, graph, min)
+    smallest = min((measured or {}).values(), default=0.0 if idle_seen else None)
+    lone = dataclasses.replace(est, cell_forwards=est.cell_least, cell_forms=tuple(
+        (cell, "one prompt's prefill") for cell, _ in est.cell_least))
+    floor_scales = {} if smallest is None else {(c, graph, f): smallest
+                                                for c, f in lone.cell_forms}
+    rules = ((est, proven, est.runtime, "an OOM proved the forward of its form", "at least"),
+             (est, measured, least, "runs measured the forward of its form", "at no less than"),
+             (lone, floor_scales, least, "runs measured every form of forward",
+              "at no less than"))
+    for judged, scales, rt, who, bound in rules:
+        hit = _beyond_scale(judged, scales or {}, graph, rt, capacity, vouched)
         if hit is not None:
             cell, form, scale, at = hit
             return Decision(True, need, threshold,
                             f"{who} ({form} in cell {cell}) {bound} {scale:.2f}x the estimate: "
                             f"at that scale it needs {at / gib:.2f} GiB of the card's "
                             f"{capacity / gib:.2f} GiB")
-    if oom and need >= min(oom) + OOM_MARGIN * capacity:
+    if oom and need >= min(oom) + OOM_MARGIN * capacity and est.peak_cell not in vouched:
         return Decision(True, need, threshold,
                         f"predicted peak {need / gib:.2f} GiB is above that of a config that ran "
                         f"out of memory ({min(oom) / gib:.2f} GiB, same largest cell) by more "
@@ -203,11 +231,15 @@ def decide(est: Estimate, capacity: int, trials: Sequence[TrialRecord],
 
 
 def _beyond_scale(est: Estimate, scales: Mapping[tuple[str, bool, str], float], graph: bool,
-                  runtime: int, capacity: int) -> tuple[str, str, float, int] | None:
-    """(cell, form, scale, need) of the first cell whose forward, at the scale `scales` holds
-    for its form, does not fit beside the weights, the pool and `runtime`; None if all fit."""
+                  runtime: int, capacity: int,
+                  vouched: Collection[str]) -> tuple[str, str, float, int] | None:
+    """(cell, form, scale, need) of the first cell not `vouched` for whose forward, at the
+    scale `scales` holds for its form, does not fit beside the weights, the pool and
+    `runtime`; None if all fit."""
     forms = dict(est.cell_forms)
     for cell, forward in est.cell_forwards:
+        if cell in vouched:
+            continue
         form = forms.get(cell, "")
         scale = scales.get((cell, graph, form))
         if scale is not None and (at := int(est.static + runtime + scale * forward)) > capacity:
