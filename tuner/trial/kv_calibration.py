@@ -238,9 +238,8 @@ def vouched(trials: Sequence[TrialRecord], est: Estimate, graph: bool, knobs: Ma
     measurement vouches for: at the scale of the cell's nearest measured config
     (`Calibration.nearest`) the forward fits, and that config is fewer knobs away than every
     run that puts the forward of the cell's form higher (a memory mark, or the room an OOM in
-    it, or with it as its largest cell, left).  The
-    pre-screen's rules that carry a scale or a need from other configs
-    (`tuner.trial.prescreen.decide`) do not judge such a cell.
+    it, or with it as its largest cell, left).  The pre-screen's rules that carry a scale or
+    a need from other configs (`tuner.trial.prescreen.decide`) do not judge such a cell.
 
     Why: within a form the scale differs between configs, and a config errs as its own knobs
     and their neighbours do more than as a far config of the same form does
@@ -260,13 +259,13 @@ def vouched(trials: Sequence[TrialRecord], est: Estimate, graph: bool, knobs: Ma
         attr = _stored(t)
         if attr is None or t.outcome not in (*HEALTHY, "oom") or "cell_forms" not in attr:
             continue
-        forwards, theirs = attr["cell_forwards"], attr["cell_forms"]
-        scales = {c: b / forwards[c] for c, b in _measured_forwards(t, attr, lazy).items()
-                  if forwards.get(c, 0) > 0}
-        if t.outcome == "oom":
-            room = capacity - attr["weights"] - attr["pool"] - runtimes[bool(attr["cuda_graph"])]
+        sized, theirs = attr["cell_forwards"], attr["cell_forms"]
+        scales = {c: b / sized[c] for c, b in _measured_forwards(t, attr, lazy).items()
+                  if sized.get(c, 0) > 0}
+        if t.outcome == "oom":      # the room it left: its forward's scale was above that
+            left = capacity - attr["weights"] - attr["pool"] - runtimes[bool(attr["cuda_graph"])]
             failed = {c for c, f in _cell_evidence(t, attr) if f} | {attr["peak_cell"]}
-            scales |= {c: room / forwards[c] for c in failed if forwards.get(c, 0) > 0}
+            scales |= {c: left / sized[c] for c in failed if sized.get(c, 0) > 0}
         apart = sum(knobs.get(n) != v for n, v in knobs_of(t.params).items())
         for cell, scale in scales.items():
             if cell in near and theirs.get(cell) == forms.get(cell) and scale > near[cell][1]:
