@@ -72,7 +72,7 @@ def test_one_prompts_prefill_at_the_smallest_scale_measured_bars_what_cannot_hol
     assert not decide(unstartable, CAP, []).skip               # no runtime seen: the prior
 
 
-def test_the_least_forward_is_one_prompts_prefill_or_none_where_no_request_is_admitted():
+def test_the_least_forward_is_one_prompts_prefill_at_most_a_step_or_none_if_unadmitted():
     model = load_model_info(ROOT / "models" / "llama-3.1-8b")
     cells = (Cell(4, 4096, 1024, 8), Cell(64, 256, 256, 64))
     est = estimate(model, Knobs(kv_tokens=65536, block_size=256), cells)
@@ -80,3 +80,6 @@ def test_the_least_forward_is_one_prompts_prefill_or_none_where_no_request_is_ad
                                     for c in cells}
     assert dict(estimate(model, Knobs(kv_tokens=1024, block_size=256), cells).cell_least)[
         cells[0].key] == 0
+    chunked = estimate(model, Knobs(kv_tokens=65536, block_size=256, token_budget=1024), cells)
+    assert dict(chunked.cell_least) == {cells[0].key: act_bytes_per_token(model) * 1024,
+                                        cells[1].key: act_bytes_per_token(model) * 256}

@@ -237,14 +237,17 @@ def cell_forward(model: ModelInfo, k: Knobs, cell: Cell) -> tuple[int, str]:
 
 
 def least_forward(model: ModelInfo, k: Knobs, cell: Cell) -> int:
-    """The forward a cell cannot avoid, whatever its arrivals: one prompt's prefill alone (the
-    first request of a prefill step always goes whole); 0 where the pool admits no request.
-    Where `cell_forward`'s worst case is an upper bound that arrivals may never reach (two 4k
-    prompts prefilled together ran one at a time, at 0.54 of their estimate, on the simulated
-    Llama-3.1-8B / RTX 4090), this is the part every run of the cell does reach."""
+    """The forward a cell cannot avoid, whatever its arrivals: one prompt's prefill alone, or
+    one step's token budget of it where that is smaller (servers that chunk a prefill, as
+    vLLM and SGLang do, never run more in one step; InfiniLM runs the first prompt whole); 0
+    where the pool admits no request.  Where `cell_forward`'s worst case is an upper bound
+    that arrivals may never reach (two 4k prompts prefilled together ran one at a time, at
+    0.54 of their estimate, on the simulated Llama-3.1-8B / RTX 4090), this is the part every
+    run of the cell does reach."""
     if cell_forward(model, k, cell)[1] == "none":
         return 0
-    return act_bytes_per_token(model) * max(cell.input_len, 1)
+    prompt = max(cell.input_len, 1)
+    return act_bytes_per_token(model) * min(prompt, int(k.token_budget or prompt))
 
 
 def estimate(model: ModelInfo, k: Knobs, cells: list[Cell] | tuple[Cell, ...],
