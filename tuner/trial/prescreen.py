@@ -51,7 +51,7 @@ own evidence:
   4090: a compound form's worst case is rarely reached, and one run's few measured forms put
   the smallest scale at 0.98-1.09); applied to one prompt's prefill it skipped none, and took
   recall (would-OOM configs not launched) from 31 to 54% on Qwen2.5-7B / L40S and from 86
-  to 97% on 70B / H200 (benchmarks/prescreen_recall.py, results round 23);
+  to 95% on 70B / H200 (benchmarks/prescreen_recall.py, results round 23);
 * a nearer measurement: the rules that carry evidence from other configs (the OOM margin,
   the proven and measured scales, the least of all) leave alone a cell the config's nearest
   measured config, fewer knobs away than every run that puts the cell's form higher, says
