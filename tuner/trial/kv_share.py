@@ -183,19 +183,28 @@ class KvEdge:
         """The need of `params` (its pool included) with what the study's runs taught: the
         pre-screen's figure where the memory marks measured the forward (`tuner.trial.prescreen`,
         `decide`'s `calibrated`)."""
-        graph = knobs_from_params(self.space, params).cuda_graph
+        return self._calibrated_need(params, trials, calibrate(trials, self.capacity,
+                                                                self.knobs_of))
+
+    def screen_evidence(self, params: dict[str, Any], trials: Sequence[TrialRecord],
+                        est: Estimate) -> tuple[float, frozenset[str]]:
+        """What the pre-screen takes from the proposals' model, from one calibration: the
+        calibrated need of `params`, and where that fits the card the cells whose nearest
+        measurement clears them of evidence from farther configs
+        (`tuner.trial.kv_calibration.vouched`)."""
         cal = calibrate(trials, self.capacity, self.knobs_of)
+        need = self._calibrated_need(params, trials, cal)
+        if need > self.capacity:
+            return need, frozenset()
+        graph = knobs_from_params(self.space, params).cuda_graph
+        return need, vouched(trials, est, graph, self.knobs_of(params), cal, self.knobs_of,
+                             self.capacity)
+
+    def _calibrated_need(self, params: dict[str, Any], trials: Sequence[TrialRecord],
+                         cal: Calibration) -> float:
+        graph = knobs_from_params(self.space, params).cuda_graph
         return self.need(params, int(params[self.param.name]), cal,
                          calibrated_runtime(trials, graph))
-
-    def vouched(self, params: dict[str, Any], trials: Sequence[TrialRecord],
-                est: Estimate) -> frozenset[str]:
-        """The cells of `params` whose nearest measurement clears them of the pre-screen's
-        evidence from farther configs (`tuner.trial.kv_calibration.vouched`)."""
-        graph = knobs_from_params(self.space, params).cuda_graph
-        return vouched(trials, est, graph, self.knobs_of(params),
-                       calibrate(trials, self.capacity, self.knobs_of), self.knobs_of,
-                       self.capacity)
 
     def knobs_of(self, params: Mapping[str, Any]) -> dict[str, Any]:
         """A config's params but its pool (and the share it was drawn from)."""

@@ -95,11 +95,10 @@ class AdaptivePipeline:
             # Without a KV role the estimate knows neither the pool nor the largest forward, so
             # it has no business skipping anything (seen on the H200: every config skipped).
             edge = self.kv_edge
-            calibrated = edge.calibrated_need(params, trials) if edge is not None else None
             # what the proposals' model, reading the nearest runs' scales, says fits is not
             # overruled by evidence carried from farther configs
-            near = edge.vouched(params, trials, est) if edge is not None and \
-                calibrated is not None and calibrated <= self.capacity else frozenset()
+            calibrated, near = edge.screen_evidence(params, trials, est) \
+                if edge is not None else (None, frozenset[str]())
             verdict = decide(est, self.capacity, trials, calibrated, knobs.cuda_graph,
                              proven(trials, self.capacity), measured(trials), near)
             if verdict.skip:
