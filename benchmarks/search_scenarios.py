@@ -116,7 +116,25 @@ ROUND21 = (
              (Cell(32, 1024, 256, 64), Cell(4, 8192, 256, 8)),
              {"p99_tpot_ms": 25.0}, "round 21: 1k-8k prompts on a 24 GB card", held_out=True),
 )
-OPT_IN = (*UNSEEN, *FRESH, *ROUND21)   # run only where `--scenarios` names them
+
+# Defined in round 24 (2026-12-04) at 96fffbf, before any was run, to check the search as
+# committed on what it was never run on: a decode-heavy workload on a 24 GB card whose weights
+# leave ~6 GiB, two SLOs at once at high concurrency, and prompts near the model's 32k limit.
+# Opt-in, as `UNSEEN`.
+ROUND24 = (
+    Scenario("g-qwen7b-3090-decode", "qwen2.5-7b", "rtx3090",
+             (Cell(16, 128, 2048, 32), Cell(64, 64, 512, 128)),
+             {"p99_tpot_ms": 60.0}, "round 24: long outputs on a 24 GB card", held_out=True),
+    Scenario("g-1b-l40s-twoslo", "llama-3.2-1b", "l40s",
+             (Cell(256, 512, 128, 512), Cell(64, 2048, 256, 128)),
+             {"p99_ttft_ms": 8000.0, "p99_tpot_ms": 50.0},
+             "round 24: 256 in flight under a TTFT and a TPOT SLO", held_out=True),
+    Scenario("g-mistral-l40s-long", "mistral-7b", "l40s",
+             (Cell(2, 24000, 256, 4), Cell(12, 6000, 512, 24)),
+             {"p99_tpot_ms": 45.0}, "round 24: 6k-24k prompts, near the 32k limit",
+             held_out=True),
+)
+OPT_IN = (*UNSEEN, *FRESH, *ROUND21, *ROUND24)   # run only where `--scenarios` names them
 
 
 def by_name(name: str) -> Scenario:
