@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
+import logging
 import os
 import signal
 import sys
@@ -23,6 +24,7 @@ from pathlib import Path
 import optuna
 from optuna.trial import TrialState
 from tqdm import tqdm
+from tqdm.contrib.logging import logging_redirect_tqdm
 
 from tuner.commands.optuna_log import quiet_interrupts
 from tuner.commands.tune_messages import plan_text, print_bounds, print_summary, progress_text
@@ -256,9 +258,12 @@ def _optimize(study: optuna.Study, setup: _Setup, pipeline: AdaptivePipeline,
         bar.set_postfix_str(progress_text(study, trial, metric))
 
     stop = Convergence(args.patience) if args.patience else None
+    # Optuna's warnings (a trial interrupted or failed) on lines of their own above the bar, not
+    # after its text: a log that drops the bar's lines (the H200 records' run.sh) lost them
     try:
-        run_to_budget(study, objective, target, trials_dir, callbacks=[on_trial],
-                      max_skips=args.max_skips or 2 * target, convergence=stop)
+        with logging_redirect_tqdm([logging.getLogger("optuna")]):
+            run_to_budget(study, objective, target, trials_dir, callbacks=[on_trial],
+                          max_skips=args.max_skips or 2 * target, convergence=stop)
     finally:
         bar.close()
     if stop is not None and stop.fired:
