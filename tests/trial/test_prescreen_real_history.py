@@ -21,13 +21,16 @@ whose need the estimate put under one seen healthy.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from pathlib import Path
 
 import optuna
 import pytest
 
+from tuner.bench.records import Cell
 from tuner.search.bounds import resolve_space
-from tuner.search.model import load_model_info
+from tuner.search.model import ModelInfo, load_model_info
+from tuner.search.space import SearchSpace
 from tuner.search.space_file import load_space
 from tuner.search.workload import load_workload
 from tuner.study.record import TrialRecord, records
@@ -62,7 +65,8 @@ STUDIES = [
 ]
 
 
-def _rebuilt(t: TrialRecord, space, model, cells) -> TrialRecord:  # type: ignore[no-untyped-def]
+def _rebuilt(t: TrialRecord, space: SearchSpace, model: ModelInfo,
+             cells: list[Cell]) -> TrialRecord:
     """The record as the current code would have stored it: its estimate recomputed."""
     knobs = knobs_from_params(space, dict(t.params))
     if t.memory is None or t.outcome == "skipped" or knobs.kv_tokens is None:
@@ -72,8 +76,8 @@ def _rebuilt(t: TrialRecord, space, model, cells) -> TrialRecord:  # type: ignor
 
 
 def _replay(path: Path, space_file: str, model_dir: str, workload: str,
-            card: int) -> list[tuple[int, str, bool, str]]:
-    """(trial, outcome, skipped now, why) for every config the study launched."""
+            card: int) -> list[tuple[str, bool]]:
+    """(outcome, skipped now) for every config the study launched."""
     model = load_model_info(ROOT / model_dir)
     cells = list(load_workload(ROOT / workload).cells)
     space = resolve_space(load_space(ROOT / space_file), model, card, cells)
@@ -95,34 +99,31 @@ def _replay(path: Path, space_file: str, model_dir: str, workload: str,
                 if edge is not None else (None, frozenset[str]())
             verdict = decide(est, card, before, calibrated, knobs.cuda_graph,
                              proven(before, card), measured(before), near)
-            out.append((t.number, t.outcome, verdict.skip, verdict.reason))
+            out.append((t.outcome, verdict.skip))
     return out
 
 
-@pytest.mark.parametrize("paths,space_file,model_dir,workload,card", STUDIES,
+@functools.cache
+def _judged(group: int) -> list[tuple[str, bool]]:
+    """(outcome, skipped now) over every study of `STUDIES[group]`, replayed once per session."""
+    paths, space_file, model_dir, workload, card = STUDIES[group]
+    assert paths and all(p.is_file() for p in paths)
+    return [j for path in paths for j in _replay(
+        path, space_file, model_dir, workload or H200 + (
+            "workload-seed8b.yaml" if "seedwl" in path.parent.name else "workload.yaml"), card)]
+
+
+@pytest.mark.parametrize("group", range(len(STUDIES)),
                          ids=["transformers-8b-24g", "infinilm-seed-8b-24g", "infinilm-1b-12g",
                               "infinilm-1b-h200", "transformers-1b-8g", "transformers-1b-24g"])
-def test_no_config_that_ran_on_a_real_gpu_is_skipped(paths, space_file, model_dir, workload,
-                                                     card):
-    assert paths and all(p.is_file() for p in paths)
-    judged = []
-    for path in paths:
-        wl = workload or H200 + ("workload-seed8b.yaml" if "seedwl" in path.parent.name
-                                 else "workload.yaml")
-        judged += [(path.parent.name, *j) for j in _replay(path, space_file, model_dir, wl, card)]
+def test_no_config_that_ran_on_a_real_gpu_is_skipped(group):
+    judged = _judged(group)
     assert judged
-    assert [j for j in judged if j[2] != "oom" and j[3]] == []
+    assert [j for j in judged if j[0] != "oom" and j[1]] == []
 
 
 def test_the_real_ooms_the_rules_skip():
     """The counts of the module doc: a rule that stops skipping a real OOM shows here."""
-    skipped = oom = 0
-    for paths, space_file, model_dir, workload, card in STUDIES:
-        for path in paths:
-            wl = workload or H200 + ("workload-seed8b.yaml" if "seedwl" in path.parent.name
-                                     else "workload.yaml")
-            for _, outcome, skip, _ in _replay(path, space_file, model_dir, wl, card):
-                oom += outcome == "oom"
-                skipped += outcome == "oom" and skip
-    assert oom == 38
-    assert skipped >= 33
+    judged = [j for group in range(len(STUDIES)) for j in _judged(group)]
+    assert sum(outcome == "oom" for outcome, _ in judged) == 38
+    assert sum(outcome == "oom" and skip for outcome, skip in judged) >= 33
