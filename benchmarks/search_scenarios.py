@@ -134,7 +134,20 @@ ROUND24 = (
              {"p99_tpot_ms": 45.0}, "round 24: 6k-24k prompts, near the 32k limit",
              held_out=True),
 )
-OPT_IN = (*UNSEEN, *FRESH, *ROUND21, *ROUND24)   # run only where `--scenarios` names them
+# Defined in round 25 (2026-12-04) at 38d0589, before any was run: two model / card pairs no
+# scenario had (Llama-3.1-8B on a 24 GB RTX 3090, whose weights leave ~6 GiB; Qwen2.5-7B on an
+# RTX 4090), a RAG-shaped workload under a TTFT SLO.  Opt-in, as `UNSEEN`.
+ROUND25 = (
+    Scenario("h-8b-3090-mixed", "llama-3.1-8b", "rtx3090",
+             (Cell(24, 768, 384, 48), Cell(4, 4096, 256, 8)),
+             {"p99_tpot_ms": 70.0}, "round 25: chat beside 4k prompts, ~6 GiB beside the weights",
+             held_out=True),
+    Scenario("h-qwen7b-4090-rag", "qwen2.5-7b", "rtx4090",
+             (Cell(16, 3000, 200, 32), Cell(48, 300, 300, 96)),
+             {"p99_ttft_ms": 6000.0}, "round 25: 3k-token RAG prompts beside chat, a TTFT SLO",
+             held_out=True),
+)
+OPT_IN = (*UNSEEN, *FRESH, *ROUND21, *ROUND24, *ROUND25)   # run only where `--scenarios` names them
 
 
 def by_name(name: str) -> Scenario:
