@@ -144,9 +144,12 @@ ROUND25 = (
              held_out=True),
     Scenario("h-qwen7b-4090-rag", "qwen2.5-7b", "rtx4090",
              (Cell(16, 3000, 200, 32), Cell(48, 300, 300, 96)),
-             {"p99_ttft_ms": 6000.0}, "round 25: 3k-token RAG prompts beside chat, a TTFT SLO",
+             {"p99_ttft_ms": 15000.0}, "round 25: 3k-token RAG prompts beside chat, a TTFT SLO",
              held_out=True),
 )
+# h-qwen7b-4090-rag was first defined with p99 TTFT <= 6 s: its ground truth found no config of
+# the grid that met it (the best p99 TTFT of 80 sampled grid runs was 10.3 s: 16 prompts of 3k
+# tokens arrive at once), so it was set to 15 s before any search ran on it.
 OPT_IN = (*UNSEEN, *FRESH, *ROUND21, *ROUND24, *ROUND25)   # run only where `--scenarios` names them
 
 
