@@ -2,11 +2,19 @@
 
 from types import SimpleNamespace
 
+import optuna
 from optuna.distributions import CategoricalDistribution, IntDistribution
 
 from tuner.bench.records import Cell
 from tuner.search.space import Param
-from tuner.study.open_caps import in_flight, opened_caps, raised_budgets, request_caps
+from tuner.study.open_caps import (
+    in_flight,
+    opened_caps,
+    raised_budgets,
+    request_caps,
+    untested,
+)
+from tuner.study.record import KV_SHARE, TrialRecord
 
 CAPS = ["batch", "decode", "stepped"]
 
@@ -61,3 +69,21 @@ def test_a_budget_is_raised_towards_the_busiest_cells_prompts_as_far_as_the_pool
     assert raised_budgets(top, ["budget"], dists, cells, lambda c: c["budget"] <= 2048) == []
     assert raised_budgets({**top, "budget": 32768}, ["budget"], dists, cells,
                           lambda c: True) == []
+    # a raise of less than EDGE_TOL measures the same run again
+    assert raised_budgets(top, ["budget"], dists, cells, lambda c: c["budget"] <= 2080) == []
+
+
+def _ran(params, outcome):
+    return TrialRecord.of(optuna.trial.create_trial(
+        params=params, distributions={k: IntDistribution(0, 10 ** 6) for k in params},
+        values=[1.0], user_attrs={"outcome": outcome}))
+
+
+def test_an_open_cap_whose_config_ran_healthy_at_any_pool_is_not_proposed_again():
+    """The pool aside: a raise run healthy at 9327 tokens is not a new move at 9847; one that
+    only ran out of memory is (at a lower pool, where the model's edge moved)."""
+    raised = {"batch": 48, "budget": 2048}
+    cands = [{**raised, KV_SHARE: 0.7}, {"batch": 40, "budget": 4096, KV_SHARE: 0.7}]
+    assert untested(cands, [_ran({**raised, "kv": 10367}, "oom")], "kv") == cands
+    assert untested(cands, [_ran({**raised, "kv": 9327}, "ok")], "kv") == cands[1:]
+    assert untested(cands, [_ran({**raised, "kv": 9327}, "slo")], "kv") == cands[1:]

@@ -286,6 +286,34 @@ def test_the_filter_never_rejects_a_need_seen_healthy():
     assert edge.slack_of([oom, _run(ran, "ok")])(params) >= 0
 
 
+def test_a_need_seen_healthy_clears_other_mechanisms_only_below_every_oom():
+    """Two runs of one config disagree on the 4k prefill's scale (an OOM at 8192 tokens, a
+    healthy run at 10240): the scale sides with the OOM, so the healthy run's own calibrated
+    need is over the card.  It still clears configs of its mechanism up to its need (the test
+    above).  A config with CUDA graphs is another mechanism: the OOM's need bounds what the
+    healthy run clears for it."""
+    space = _space()
+    edge = KvEdge(space, MODEL, CAP, CELLS)
+    params = {"block_size": 16, "max_batch_size": 8, "max_num_batched_tokens": 8192}
+    ran = {**params, "kv_cache_tokens": 8192}
+    est = estimate(MODEL, knobs_from_params(space, ran), list(CELLS))
+    oom = TrialRecord.of(optuna.trial.create_trial(
+        params=ran, distributions={k: IntDistribution(0, 10 ** 6) for k in ran}, values=[0.0],
+        user_attrs={"memory_estimate": estimate_attr(est, False), "outcome": "oom",
+                    "cells": [{"cell": {"key": est.peak_cell}}]}))
+    trials = [oom, _run({**params, "kv_cache_tokens": 10240}, "ok")]
+    cal = calibrate(trials, CAP, edge.knobs_of)
+    graph = {**params, "enable_graph": True}
+    at_oom = edge.need(params, 8192, cal, 2 * GIB)
+    held = edge.need(params, 10240, cal, 2 * GIB)
+    same = edge.need(params, 9216, cal, 2 * GIB)
+    other = edge.need(graph, 4608, cal, int(2.5 * GIB))
+    assert CAP < at_oom < other < held and at_oom < same < held
+    room = edge.room_at(trials)
+    assert room(params, 10240) >= 0 and room(params, 9216) >= 0
+    assert room(graph, 4608) < 0
+
+
 def test_an_oom_the_estimate_predicted_does_not_make_it_more_optimistic():
     """An OOM proves the forward scale above room/forward; when the estimate already called the
     config too big (that bound under 1), the estimate stands: the OOM must not lower k."""

@@ -13,6 +13,14 @@ move is the smallest change that stops the cap from binding: above the cell's co
 cap holds nothing back.  A cap kept low on purpose (a tight TPOT SLO) is kept by the run: the
 raised config misses the SLO and is never tried again.
 
+Why an open cap is tried once: it asks whether the cap binds, and its run answers that at
+whatever pool it ran.  Once a raised config (pool aside) has run healthy, the raise is not
+proposed again at another pool: as the model's edge for it moved, each new pool was a config not
+run yet, and on a Llama-3.1-8B / RTX 3090 scenario one study ran a prefill cap raised 5 -> 24 at
+five pools, three of them out of memory, the healthy two at 206 tok/s beside the incumbent's 241
+(benchmarks/results/search_efficiency.md, round 25).  Its pool is pushed further only if it
+becomes the incumbent.
+
 Why budgets too, and only as far as the pool allows: a step's token budget below the prompt
 tokens the busiest cell has in flight makes prompts wait for one another the same way.  On a
 Mistral-7B / H100 chat scenario (128 requests of 200 tokens, 32 of 1000) one seed ended 30
@@ -38,6 +46,9 @@ from tuner.bench.records import Cell
 from tuner.search.space import SearchSpace
 from tuner.study.design import level
 from tuner.study.local_moves import position
+from tuner.study.record import KV_SHARE, TrialRecord, config_key
+from tuner.trial.kv_share import EDGE_TOL
+from tuner.trial.prescreen import HEALTHY
 
 CAP_ROLES = ("max_batch", "prefill_batch_cap", "decode_batch_cap")   # counts of requests
 RAISE_STEPS = 10   # bisection steps of a raised budget: 1/1024 of the range
@@ -88,12 +99,22 @@ def opened_caps(params: Mapping[str, Any], caps: Collection[str],
     return [c for _, c in sorted(out, key=lambda rc: rc[0])]
 
 
+def untested(cands: Sequence[dict[str, Any]], trials: Sequence[TrialRecord],
+             kv_name: str) -> list[dict[str, Any]]:
+    """The `cands` whose config, the pool aside, never ran healthy (see module doc)."""
+    def key(params: Mapping[str, Any]) -> str:
+        return config_key({k: v for k, v in params.items() if k not in (KV_SHARE, kv_name)})
+    ran = {key(t.params) for t in trials if t.outcome in HEALTHY and not t.unmeasured}
+    return [c for c in cands if key(c) not in ran]
+
+
 def raised_budgets(params: Mapping[str, Any], budgets: Collection[str],
                    dists: Mapping[str, BaseDistribution], cells: Sequence[Cell],
                    fits: Callable[[dict[str, Any]], bool]) -> list[dict[str, Any]]:
     """`params` with one token budget below `prompt_tokens(cells)` raised towards it, as far
     as `fits` (the incumbent's own pool still fits) allows, the most binding first; none where
-    no higher value fits."""
+    no value more than `EDGE_TOL` higher fits (the same study raised a budget 8180 -> 8186
+    twice, each time after the model's edge had moved a little)."""
     want = prompt_tokens(cells)
     out = []
     for name in budgets:
@@ -109,6 +130,6 @@ def raised_budgets(params: Mapping[str, Any], budgets: Collection[str],
                 mid = (lo + hi) / 2
                 lo, hi = (mid, hi) if fits({**params, name: level(dist, mid)}) else (lo, mid)
             top = level(dist, lo)
-        if top > value:
+        if top > value * (1 + EDGE_TOL):   # a raise of a few tokens measures the same run
             out.append((value / top, {**params, name: top}))
     return [c for _, c in sorted(out, key=lambda rc: rc[0])]

@@ -62,7 +62,7 @@ from tuner.study.flips import (
     untried_flips,
 )
 from tuner.study.local_moves import incumbents, inert_knobs, neighbour, pattern_move
-from tuner.study.open_caps import opened_caps, raised_budgets, request_caps
+from tuner.study.open_caps import opened_caps, raised_budgets, request_caps, untested
 from tuner.study.pool_trades import floor_relief, pool_trade, reliefs, trades_of
 from tuner.study.record import KV_SHARE, TrialRecord, config_key, records
 from tuner.trial.kv_share import EDGE_TOL, KvEdge
@@ -251,8 +251,9 @@ class GuidedSampler(BaseSampler):
         if move is not None and not fresh(move, slack):
             move = None
         if move is None and self._edge is not None:
-            opened = opened_caps(top.params, request_caps(self._edge.space), search_space,
-                                 self._edge.cells)
+            opened = untested(opened_caps(top.params, request_caps(self._edge.space),
+                                          search_space, self._edge.cells),
+                              trials, self._edge.param.name)
             move = next((c for c in opened if fresh(c, slack)), None)
         if move is None:
             if (raised := self._raised_budget(top, trials, search_space, slack)) is not None:

@@ -45,6 +45,7 @@ mechanism stays; the figure does not stand.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -56,7 +57,7 @@ from tuner.search.bounds import TEMPLATE_TOKENS, smallest_pool
 from tuner.search.model import ModelInfo
 from tuner.search.space import Param, SearchSpace
 from tuner.study.record import KV_SHARE, TrialRecord, config_key, kv_value
-from tuner.trial.kv_calibration import Calibration, calibrate, vouched
+from tuner.trial.kv_calibration import Calibration, calibrate, mechanism, vouched
 from tuner.trial.memory_estimate import (
     RUNTIME_HIGH_BYTES,
     Estimate,
@@ -170,14 +171,20 @@ class KvEdge:
 
     def need(self, params: dict[str, Any], value: int, cal: Calibration, runtime: int) -> float:
         """The config's need with the calibrated runtime and forward scale."""
+        return self.needs(params, value, cal, runtime)[0]
+
+    def needs(self, params: dict[str, Any], value: int, cal: Calibration,
+              runtime: int) -> tuple[float, str]:
+        """`need`, and the mechanism of its largest calibrated forward (`mechanism`)."""
         knobs = knobs_from_params(self.space, {**params, self.param.name: value})
         est = estimate(self.model, knobs, list(self.cells),
                        runtime=max(runtime, cal.runtime_floor[knobs.cuda_graph] + 1))
         forwards = est.cell_forwards or ((est.peak_cell, est.forward),)
         mine = self.knobs_of(params)
-        loaded = est.static + est.runtime + max(cal.k(c, knobs.cuda_graph, mine) * f
-                                                for c, f in forwards)
-        return max(loaded, est.check_need)   # the footprint check is exact: no scale
+        scaled, cell = max((cal.k(c, knobs.cuda_graph, mine) * f, c) for c, f in forwards)
+        # the footprint check is exact: no scale
+        return max(est.static + est.runtime + scaled, est.check_need), \
+            mechanism(cell, knobs.cuda_graph)
 
     def calibrated_need(self, params: dict[str, Any], trials: Sequence[TrialRecord]) -> float:
         """The need of `params` (its pool included) with what the study's runs taught: the
@@ -271,21 +278,38 @@ class KvEdge:
         larger than that of a config seen healthy fits, whatever the calibration says: when
         OOMs and healthy runs disagree on the forward scale (the estimate's error differs
         between configs), the scale sides with the OOMs, and on Llama-3.1-70B / H200 the
-        filter then turned away 291 of 496 candidates that run."""
+        filter then turned away 291 of 496 candidates that run.
+
+        A healthy config clears configs whose largest calibrated forward is of another
+        mechanism (`tuner.trial.kv_calibration.mechanism`) only below every OOM's need: the
+        estimate errs differently per mechanism, and an OOM under the healthy need shows that
+        here it erred the other way.  On Llama-3.1-70B / H200 (with the prompts as the server
+        counted them) one start-up config ran healthy at an estimated 140.45 GiB of a 140.40 GiB
+        card, and it cleared eleven flips estimated at 140.42 GiB, each of its own mechanism,
+        one after another: each ran out of memory (benchmarks/results/search_efficiency.md,
+        round 24).  Within a mechanism the healthy need clears as before."""
         cal = calibrate(trials, self.capacity, self.knobs_of)
         runtimes = {g: calibrated_runtime(trials, g) for g in (False, True)}
 
-        def need(params: dict[str, Any], value: int) -> float:
+        def need(params: dict[str, Any], value: int) -> tuple[float, str]:
             graph = knobs_from_params(self.space, params).cuda_graph
-            return self.need(params, value, cal, runtimes[graph])
+            return self.needs(params, value, cal, runtimes[graph])
         name = self.param.name
-        held = max((need(dict(t.params), int(t.params[name])) for t in trials
-                    if t.outcome in HEALTHY and not t.unmeasured and name in t.params),
-                   default=0.0)
+        held: dict[str, float] = {}
+        oom = math.inf
+        for t in trials:
+            if name not in t.params:
+                continue
+            if t.outcome in HEALTHY and not t.unmeasured:
+                n, mech = need(dict(t.params), int(t.params[name]))
+                held[mech] = max(held.get(mech, 0.0), n)
+            elif t.outcome == "oom":
+                oom = min(oom, need(dict(t.params), int(t.params[name]))[0])
+        across = min(max(held.values(), default=0.0), oom)
 
         def room(params: dict[str, Any], value: int) -> float:
-            n = need(params, value)
-            return max(self.capacity - n, held - n)
+            n, mech = need(params, value)
+            return max(self.capacity - n, held.get(mech, 0.0) - n, across - n)
         return room
 
     def value(self, params: dict[str, Any], share: float, trials: Sequence[TrialRecord]) -> int:
