@@ -364,6 +364,8 @@ def test_the_peak_demand_is_the_heaviest_cell_in_whole_blocks_and_unbounded_with
     assert peak_demand(cells, 1) == 4 * per
     assert peak_demand(cells, 256) == 4 * -(-per // 256) * 256
     assert peak_demand((Cell(64, 100, 28, 2),), 16) == 2 * 192
+    # a config that admits 3 requests at once holds 3 requests' blocks
+    assert peak_demand(cells, 1, max_batch=3) == max(3 * per, 3 * (100 + 28 + TEMPLATE_TOKENS))
     shared = Cell(8, 512, 64, 16, source=SharedPrefixSource(2, 256, 64, 2, 64))
     assert peak_demand((*cells, shared), 16) is None
     assert peak_demand((), 16) is None

@@ -142,3 +142,15 @@ def position(value: Any, dist: IntDistribution | FloatDistribution) -> float:
     if dist.log:
         return (math.log(float(value)) - math.log(low)) / (math.log(high) - math.log(low))
     return (float(value) - low) / (high - low)
+
+
+def distinct(tops: list[TrialRecord], kv_name: str | None) -> list[TrialRecord]:
+    """The incumbents, of several with equal values only one: a copy of the best config at a
+    pool that made no difference is not a second place to search from.  The one with the
+    largest pool, else the first: its flips run at that pool, where a choice that needs room
+    for more requests shows what it is worth."""
+    out: dict[tuple[float, ...], TrialRecord] = {}
+    for t in sorted(tops, key=lambda t: (-int(t.params.get(kv_name) or 0) if kv_name else 0,
+                                         t.number)):
+        out.setdefault(tuple(t.values or ()), t)
+    return sorted(out.values(), key=lambda t: t.number)

@@ -16,7 +16,8 @@ chosen knobs leave.  Enqueued configs are never changed.
 
 Why the neighbours: see `tuner.study.flips` (one categorical changed, at the incumbent's pool;
 first, a run that missed the SLOs above the incumbent repaired by a choice that won elsewhere),
-`tuner.study.pool_trades`, `tuner.study.ascent` and `tuner.study.local_moves`.  TPE finds the
+`tuner.study.pool_trades`, `tuner.study.ascent`, `tuner.study.local_moves` and, for runs that
+missed a TTFT SLO at a small pool, `tuner.study.edge_pushes`.  TPE finds the
 region, the local moves finish the walk; alternating keeps TPE's global view alive for a second
 region.  In the last third of the measured trials every turn is a local one: a global draw pays
 off through the local moves after it, and near the end there are none left.  There the turns
@@ -53,6 +54,7 @@ from optuna.trial import FrozenTrial, TrialState
 from tuner.study import design
 from tuner.study.ascent import ascent_move
 from tuner.study.dead_choices import Dead, avoiding, dead_choices
+from tuner.study.edge_pushes import promising
 from tuner.study.flips import (
     at_pool,
     companions,
@@ -61,7 +63,13 @@ from tuner.study.flips import (
     repairs,
     untried_flips,
 )
-from tuner.study.local_moves import incumbents, inert_knobs, neighbour, pattern_move
+from tuner.study.local_moves import (
+    distinct,
+    incumbents,
+    inert_knobs,
+    neighbour,
+    pattern_move,
+)
 from tuner.study.open_caps import opened_caps, raised_budgets, request_caps, untested
 from tuner.study.pool_trades import floor_relief, pool_trade, reliefs, trades_of
 from tuner.study.record import KV_SHARE, TrialRecord, config_key, records
@@ -155,9 +163,12 @@ class GuidedSampler(BaseSampler):
             fresh = self._fresh(trials)
             move = self._ascent(trials, directions, search_space, lambda c: fresh(c, slack))
             return None if move is None else (move, None)
-        if not start_up and (pushed := self._at_edge(top, trials, search_space)) is not None \
-                and self._fresh(trials)(pushed, slack):
-            return pushed, None
+        if not start_up:   # the incumbent at its edge, else a run that could beat it there
+            fresh = self._fresh(trials)
+            for run in [top, *promising(top, trials, self._edge, search_space, directions)]:
+                if (pushed := self._at_edge(run, trials, search_space)) is not None \
+                        and fresh(pushed, slack):
+                    return pushed, None
         if numbers_first and not start_up:
             found = self._numeric(top, trials, directions, search_space, slack)
             if found is not None:
@@ -326,7 +337,7 @@ class GuidedSampler(BaseSampler):
         tops = incumbents(trials, directions)
         if not tops:
             return None
-        tops = _distinct(tops, self._edge.param.name if self._edge is not None else None)
+        tops = distinct(tops, self._edge.param.name if self._edge is not None else None)
         top = tops[0] if start_up else self._rng.choice(tops)
         return top if search_space.keys() <= top.params.keys() else None
 
@@ -375,18 +386,6 @@ class GuidedSampler(BaseSampler):
     def reseed_rng(self) -> None:
         self._base.reseed_rng()
         self._rng.seed()
-
-
-def _distinct(tops: list[TrialRecord], kv_name: str | None) -> list[TrialRecord]:
-    """The incumbents, of several with equal values only one: a copy of the best config at a
-    pool that made no difference is not a second place to search from.  The one with the
-    largest pool, else the first: its flips run at that pool, where a choice that needs room
-    for more requests shows what it is worth."""
-    out: dict[tuple[float, ...], TrialRecord] = {}
-    for t in sorted(tops, key=lambda t: (-int(t.params.get(kv_name) or 0) if kv_name else 0,
-                                         t.number)):
-        out.setdefault(tuple(t.values or ()), t)
-    return sorted(out.values(), key=lambda t: t.number)
 
 
 def guided(sampler: BaseSampler, edge: KvEdge | None, startup: int, seed: int | None,

@@ -71,16 +71,18 @@ KV_ROLES = ("kv_tokens", "kv_blocks")
 EDGE_TOL = 0.02             # a bracket of the real edge narrower than this share is closed
 
 
-def peak_demand(cells: Sequence[Cell], block_size: int) -> int | None:
+def peak_demand(cells: Sequence[Cell], block_size: int,
+                max_batch: int | None = None) -> int | None:
     """Tokens of KV the workload can hold at once at this block size: the heaviest cell's
-    requests all in flight, each with its chat template and in whole blocks.  A pool larger
-    than that serves the workload no better: its random prompts share no prefix a larger pool
-    could keep cached.  None where some cell's prompts come from a source (a dataset, a trace,
-    conversations, shared prefixes), whose prefixes a larger pool can keep cached."""
+    requests all in flight (no more than `max_batch`, the requests a config admits at once),
+    each with its chat template and in whole blocks.  A pool larger than that serves the
+    workload no better: its random prompts share no prefix a larger pool could keep cached.
+    None where some cell's prompts come from a source (a dataset, a trace, conversations,
+    shared prefixes), whose prefixes a larger pool can keep cached."""
     if not cells or any(c.source is not None for c in cells):
         return None
     block = max(block_size, 1)
-    return max(min(c.concurrency, c.num_prompts or c.concurrency)
+    return max(min(c.concurrency, c.num_prompts or c.concurrency, max_batch or c.concurrency)
                * -(-(c.input_len + c.output_len + TEMPLATE_TOKENS) // block) * block
                for c in cells)
 
@@ -139,9 +141,11 @@ class KvEdge:
         better.  None where the demand is not bounded.  On the Llama-3.2-3B / A100 80 GB
         scenario of benchmarks/search_efficiency.py the pool held ~500k tokens where the
         heaviest cell needs 68k, and 5 of one seed's 40 trials went to pushes of incumbents to
-        their edge that measured exactly what the incumbents had."""
-        block = knobs_from_params(self.space, dict(params)).block_size
-        tokens = peak_demand(self.cells, block)
+        their edge that measured exactly what the incumbents had.  The demand is the
+        config's own: a running batch capped at 26 requests holds 26 requests' blocks."""
+        knobs = knobs_from_params(self.space, dict(params))
+        block = knobs.block_size
+        tokens = peak_demand(self.cells, block, knobs.max_batch)
         if tokens is None:
             return None
         low, high, step = self._grid(params)

@@ -1,0 +1,67 @@
+"""Runs that missed a waiting-time SLO at a small pool, pushed once to their own edge."""
+
+from dataclasses import dataclass
+from typing import Any
+
+import optuna
+from optuna.distributions import FloatDistribution, IntDistribution
+from optuna.study import StudyDirection
+
+from tuner.study.edge_pushes import promising
+from tuner.study.record import KV_SHARE, TrialRecord
+
+SPACE = {"cap": IntDistribution(1, 128), KV_SHARE: FloatDistribution(0.0, 1.0)}
+MAX = [StudyDirection.MAXIMIZE]
+
+
+@dataclass
+class _Edge:
+    """Every config's edge is 40k tokens; the pool that holds the workload is `demand`."""
+
+    demand: int = 10 ** 6
+
+    @property
+    def param(self) -> Any:
+        return type("P", (), {"name": "kv"})
+
+    def edge(self, params: dict[str, Any], trials: Any) -> int:
+        return 40_000
+
+    def within_demand(self, params: dict[str, Any], value: int) -> int:
+        return min(value, self.demand)
+
+
+def _run(number: int, cap: int, kv: int, value: float, outcome: str = "ok",
+         **misses: float) -> TrialRecord:
+    t = optuna.trial.create_trial(
+        params={"cap": cap, KV_SHARE: 0.5, "kv": kv},
+        distributions={**SPACE, "kv": IntDistribution(0, 10 ** 6)}, values=[value],
+        user_attrs={"outcome": outcome},
+        constraints={"slo:p99_ttft_ms": 0.0, **{f"slo:{k}": v for k, v in misses.items()}})
+    t.number = number
+    return TrialRecord.of(t)
+
+
+def test_a_ttft_miss_at_a_small_pool_is_pushed_when_its_edge_could_beat_the_incumbent():
+    """242 tok/s at 7.2k tokens of a 40k edge could be 1340 there: above the incumbent's 610.
+    A run whose miss a larger pool cannot cure (TPOT), or whose bound is under the incumbent,
+    or whose config already ran twice, is not pushed."""
+    top = _run(0, 21, 35_000, 610.0)
+    corner = _run(1, 128, 7_200, 242.0, "slo", p99_ttft_ms=1.22)
+    tpot = _run(2, 64, 7_200, 300.0, "slo", p99_tpot_ms=0.1)
+    slow = _run(3, 8, 20_000, 200.0, "slo", p99_ttft_ms=0.5)          # 400 at 40k: < 610
+    edge: Any = _Edge()
+    trials = [top, corner, tpot, slow]
+    assert promising(top, trials, edge, SPACE, MAX) == [corner]
+    again = _run(4, 128, 9_000, 250.0, "slo", p99_ttft_ms=1.0)          # pushed once already
+    assert promising(top, [*trials, again], edge, SPACE, MAX) == []
+    # the larger pool must be larger by the miss: 2.2x 7.2k is within 40k, not within 12k
+    assert promising(top, trials, _Edge(demand=12_000), SPACE, MAX) == []
+    assert promising(top, trials, None, SPACE, MAX) == []
+    assert promising(top, trials, edge, SPACE, [StudyDirection.MINIMIZE]) == []
+
+
+def test_runs_that_met_their_slos_are_left_to_the_incumbents_own_moves():
+    top = _run(0, 21, 35_000, 610.0)
+    small = _run(1, 128, 7_200, 500.0)
+    assert promising(top, [top, small], _Edge(), SPACE, MAX) == []
