@@ -106,7 +106,7 @@ def test_of_tied_incumbents_the_one_with_the_largest_pool_is_searched_from():
     """A copy of the best config at a pool that made no difference ties with it: searching
     from both would spend the local moves on two versions of one place.  The one with the
     larger pool is kept (its flips run there); without a pool knob, the first."""
-    from tuner.study.proposals import _distinct
+    from tuner.study.local_moves import distinct
 
     trials = []
     for number, y, kv in ((7, 0.9, 2000), (3, 0.5, 1000), (9, 0.7, 1000)):
@@ -115,8 +115,8 @@ def test_of_tied_incumbents_the_one_with_the_largest_pool_is_searched_from():
                                                      "kv": IntDistribution(1, 4096)})
         t.number = number
         trials.append(TrialRecord.of(t))
-    assert [t.number for t in _distinct(trials, "kv")] == [7]
-    assert [t.number for t in _distinct(trials, None)] == [3]
+    assert [t.number for t in distinct(trials, "kv")] == [7]
+    assert [t.number for t in distinct(trials, None)] == [3]
 
 
 def test_a_choice_no_launched_trial_had_is_tried_as_a_flip_of_the_incumbent():
