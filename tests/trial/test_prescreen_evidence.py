@@ -30,9 +30,8 @@ def _knobs(params: dict[str, int]) -> dict[str, int]:
 
 def test_a_config_measured_on_its_own_knobs_is_not_judged_by_a_far_configs_scale():
     """Its own knobs (another pool) measured the cell at 0.9 in one form; a config two knobs
-    away measured the config's form at 1.2.  At 1.2 the config does not fit by more than
-    OOM_MARGIN (15 + 4.2 + 2 + 1.2 x 3 = 24.8 GiB > 24 x 1.03); at its own 0.9 it does (23.9
-    GiB).  The measured-scale rule skips it unless the
+    away measured the config's form at 1.2.  At 1.2 the config does not fit (15 + 5.3 + 2 +
+    1.2 x 1.5 = 24.1 GiB); at its own 0.9 it does.  The measured-scale rule skips it unless the
     nearer measurement vouches for the cell, as it does for one knob from its own and two
     from the far one.  A config one knob from the far one, or as far from both (the tie
     takes the larger scale, at which it does not fit), is judged by the rule."""
@@ -40,7 +39,7 @@ def test_a_config_measured_on_its_own_knobs_is_not_judged_by_a_far_configs_scale
     far = _marked({"x": 2, "y": 2, "kv": 200}, 1.2, "prefill of 2")
     trials = [own, far]
     cal = calibrate(trials, CAP, _knobs)
-    est = _formed(4.2, 3.0, "prefill of 2")
+    est = _formed(5.3, 1.5, "prefill of 2")
     scales = measured(trials)
     assert math.isclose(scales[("big", False, "prefill of 2")], 1.2)
     mine = vouched(trials, est, False, {"x": 1, "y": 1}, cal, _knobs, CAP)

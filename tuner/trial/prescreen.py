@@ -33,13 +33,9 @@ own evidence:
 * measured scales: where the card's memory marks measured a cell's forward on a run
   (`tuner.trial.kv_calibration.measured`), a config whose forward of the same form, at the
   smallest scale measured for it, plus its weights, pool and the smallest runtime seen, cannot
-  fit by more than `OOM_MARGIN` of the card is skipped (the form must have been measured with
-  the config's own CUDA-graph setting).  Every part is the least the study has seen, which is
-  not a bound (within one form the scale still varies, down to half its median:
-  benchmarks/estimate_error.py), and a scale carried to another config errs as the OOM rule's
-  estimates do: without the margin, on a Llama-3.2-3B / L40S scenario a scale of 1.03 measured
-  at 256-token blocks put a config with 64-token blocks 0.9% over the card, and it ran healthy
-  (benchmarks/results/search_efficiency.md, round 25).  The OOM
+  fit is skipped (the form must have been measured with the config's own CUDA-graph setting).
+  No margin: every part is the least the study has seen, which is not a bound (within one form
+  the scale still varies, down to half its median: benchmarks/estimate_error.py).  The OOM
   rules need an OOM first; on scenarios where a whole study meets one or two, each is the first
   of its cell, estimated 0-10% over the card (under the prior margin), and the marks of healthy
   runs of its form had often measured it (benchmarks/results/search_efficiency.md, round 20);
@@ -214,15 +210,12 @@ def decide(est: Estimate, capacity: int, trials: Sequence[TrialRecord],
         (cell, "one prompt's prefill") for cell, _ in est.cell_least))
     floor_scales = {} if smallest is None else {(c, graph, f): smallest
                                                 for c, f in lone.cell_forms}
-    rules = ((est, proven, est.runtime, 0.0, "an OOM proved the forward of its form",
-              "at least"),
-             (est, measured, least, OOM_MARGIN, "runs measured the forward of its form",
-              "at no less than"),
-             (lone, floor_scales, least, 0.0, "runs measured every form of forward",
+    rules = ((est, proven, est.runtime, "an OOM proved the forward of its form", "at least"),
+             (est, measured, least, "runs measured the forward of its form", "at no less than"),
+             (lone, floor_scales, least, "runs measured every form of forward",
               "at no less than"))
-    for judged, scales, rt, margin, who, bound in rules:
-        hit = _beyond_scale(judged, scales or {}, graph, rt, int(capacity * (1 + margin)),
-                            vouched)
+    for judged, scales, rt, who, bound in rules:
+        hit = _beyond_scale(judged, scales or {}, graph, rt, capacity, vouched)
         if hit is not None:
             cell, form, scale, at = hit
             return Decision(True, need, threshold,
@@ -238,18 +231,18 @@ def decide(est: Estimate, capacity: int, trials: Sequence[TrialRecord],
 
 
 def _beyond_scale(est: Estimate, scales: Mapping[tuple[str, bool, str], float], graph: bool,
-                  runtime: int, limit: int,
+                  runtime: int, capacity: int,
                   vouched: Collection[str]) -> tuple[str, str, float, int] | None:
     """(cell, form, scale, need) of the first cell not `vouched` for whose forward, at the
-    scale `scales` holds for its form, the weights, the pool and `runtime` need more than
-    `limit` bytes; None if all fit."""
+    scale `scales` holds for its form, does not fit beside the weights, the pool and
+    `runtime`; None if all fit."""
     forms = dict(est.cell_forms)
     for cell, forward in est.cell_forwards:
         if cell in vouched:
             continue
         form = forms.get(cell, "")
         scale = scales.get((cell, graph, form))
-        if scale is not None and (at := int(est.static + runtime + scale * forward)) > limit:
+        if scale is not None and (at := int(est.static + runtime + scale * forward)) > capacity:
             return cell, form, scale, at
     return None
 
