@@ -1,6 +1,7 @@
 """Runs that missed a waiting-time SLO at a small pool, pushed once to their own edge."""
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from types import SimpleNamespace
 from typing import Any
 
 import optuna
@@ -20,9 +21,7 @@ class _Edge:
 
     demand: int = 10 ** 6
 
-    @property
-    def param(self) -> Any:
-        return type("P", (), {"name": "kv"})
+    param: Any = field(default_factory=lambda: SimpleNamespace(name="kv"))
 
     def edge(self, params: dict[str, Any], trials: Any) -> int:
         return 40_000

@@ -270,6 +270,15 @@ def test_a_config_that_only_ran_out_of_memory_descends_in_doubling_steps():
     assert abs(edge.edge(params, [first, far, held]) - (8192 + top - 2000) / 2) <= 16
 
 
+def _oom(space, ran, params):
+    """A trial stored with `params` that ran out of memory in the peak cell of config `ran`."""
+    est = estimate(MODEL, knobs_from_params(space, ran), list(CELLS))
+    return TrialRecord.of(optuna.trial.create_trial(
+        params=params, distributions={k: IntDistribution(0, 10 ** 6) for k in params},
+        values=[0.0], user_attrs={"memory_estimate": estimate_attr(est, False),
+                                  "outcome": "oom", "cells": [{"cell": {"key": est.peak_cell}}]}))
+
+
 def test_the_filter_never_rejects_a_need_seen_healthy():
     """OOMs that put the forward scale above what a healthy run allows must not turn that
     healthy config (or a smaller one) away."""
@@ -277,11 +286,7 @@ def test_the_filter_never_rejects_a_need_seen_healthy():
     edge = KvEdge(space, MODEL, CAP, CELLS)
     params = {"block_size": 16, "max_batch_size": 8, "max_num_batched_tokens": 8192}
     ran = {**params, "kv_cache_tokens": 8192}
-    est = estimate(MODEL, knobs_from_params(space, ran), list(CELLS))
-    oom = TrialRecord.of(optuna.trial.create_trial(
-        params={"x": 1}, distributions={"x": IntDistribution(0, 2)}, values=[0.0],
-        user_attrs={"memory_estimate": estimate_attr(est, False), "outcome": "oom",
-                    "cells": [{"cell": {"key": est.peak_cell}}]}))
+    oom = _oom(space, ran, {"x": 1})
     assert edge.slack_of([oom])(params) < 0
     assert edge.slack_of([oom, _run(ran, "ok")])(params) >= 0
 
@@ -296,12 +301,7 @@ def test_a_need_seen_healthy_clears_other_mechanisms_only_below_every_oom():
     edge = KvEdge(space, MODEL, CAP, CELLS)
     params = {"block_size": 16, "max_batch_size": 8, "max_num_batched_tokens": 8192}
     ran = {**params, "kv_cache_tokens": 8192}
-    est = estimate(MODEL, knobs_from_params(space, ran), list(CELLS))
-    oom = TrialRecord.of(optuna.trial.create_trial(
-        params=ran, distributions={k: IntDistribution(0, 10 ** 6) for k in ran}, values=[0.0],
-        user_attrs={"memory_estimate": estimate_attr(est, False), "outcome": "oom",
-                    "cells": [{"cell": {"key": est.peak_cell}}]}))
-    trials = [oom, _run({**params, "kv_cache_tokens": 10240}, "ok")]
+    trials = [_oom(space, ran, ran), _run({**params, "kv_cache_tokens": 10240}, "ok")]
     cal = calibrate(trials, CAP, edge.knobs_of)
     graph = {**params, "enable_graph": True}
     at_oom = edge.need(params, 8192, cal, 2 * GIB)

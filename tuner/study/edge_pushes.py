@@ -34,7 +34,7 @@ from collections.abc import Mapping, Sequence
 from optuna.distributions import BaseDistribution
 from optuna.study import StudyDirection
 
-from tuner.study.record import KV_SHARE, TrialRecord, config_key
+from tuner.study.record import KV_SHARE, TrialRecord, knobs_key
 from tuner.trial.kv_share import EDGE_TOL, KvEdge
 
 MISSABLE = ("ttft", "e2el")   # SLO metrics a request waiting for KV blocks adds to
@@ -50,11 +50,6 @@ def _miss(t: TrialRecord) -> float | None:
     return max(missed.values())
 
 
-def _rest(params: Mapping[str, object], search_space: Mapping[str, BaseDistribution]
-          ) -> dict[str, object]:
-    return {k: params[k] for k in search_space if k != KV_SHARE}
-
-
 def promising(top: TrialRecord, trials: Sequence[TrialRecord], edge: KvEdge | None,
               search_space: Mapping[str, BaseDistribution],
               directions: Sequence[StudyDirection]) -> list[TrialRecord]:
@@ -64,20 +59,19 @@ def promising(top: TrialRecord, trials: Sequence[TrialRecord], edge: KvEdge | No
             or directions[0] != StudyDirection.MAXIMIZE:
         return []
     name = edge.param.name
-    complete = [t for t in trials if name in t.params
-                and all(k in t.params for k in search_space if k != KV_SHARE)]
-    launched = Counter(config_key(_rest(t.params, search_space)) for t in complete)
+    knobs = [k for k in search_space if k != KV_SHARE]
+    complete = [t for t in trials if name in t.params and all(k in t.params for k in knobs)]
+    runs = Counter(knobs_key(t.params, name) for t in complete)
     ranked = []
     for t in complete:
-        rest = _rest(t.params, search_space)
         miss = _miss(t)
-        if miss is None or not t.original or not t.values \
-                or launched[config_key(rest)] != 1:
+        if miss is None or not t.original or not t.values or runs[knobs_key(t.params, name)] != 1:
             continue
+        rest = {k: t.params[k] for k in knobs}
         pool = int(t.params[name])
-        target = edge.within_demand(rest, edge.edge(dict(rest), trials))
+        target = edge.within_demand(rest, edge.edge(rest, trials))
         if pool > 0 and target > pool * (1 + max(EDGE_TOL, miss)):
             bound = t.values[0] * target / pool
             if bound > top.values[0]:
                 ranked.append((-bound, t.number, t))
-    return [t for _, _, t in sorted(ranked, key=lambda r: (r[0], r[1]))]
+    return [t for _, _, t in sorted(ranked, key=lambda r: r[:2])]

@@ -46,7 +46,7 @@ from tuner.bench.records import Cell
 from tuner.search.space import SearchSpace
 from tuner.study.design import level
 from tuner.study.local_moves import position
-from tuner.study.record import KV_SHARE, TrialRecord, config_key
+from tuner.study.record import TrialRecord, knobs_key
 from tuner.trial.kv_share import EDGE_TOL
 from tuner.trial.prescreen import HEALTHY
 
@@ -102,10 +102,9 @@ def opened_caps(params: Mapping[str, Any], caps: Collection[str],
 def untested(cands: Sequence[dict[str, Any]], trials: Sequence[TrialRecord],
              kv_name: str) -> list[dict[str, Any]]:
     """The `cands` whose config, the pool aside, never ran healthy (see module doc)."""
-    def key(params: Mapping[str, Any]) -> str:
-        return config_key({k: v for k, v in params.items() if k not in (KV_SHARE, kv_name)})
-    ran = {key(t.params) for t in trials if t.outcome in HEALTHY and not t.unmeasured}
-    return [c for c in cands if key(c) not in ran]
+    ran = {knobs_key(t.params, kv_name) for t in trials
+           if t.outcome in HEALTHY and not t.unmeasured}
+    return [c for c in cands if knobs_key(c, kv_name) not in ran]
 
 
 def raised_budgets(params: Mapping[str, Any], budgets: Collection[str],

@@ -144,6 +144,11 @@ def config_key(params: Mapping[str, Any]) -> str:
 KV_SHARE = "kv_share"   # the parameter the sampler draws instead of the KV knob (trial.kv_share)
 
 
+def knobs_key(params: Mapping[str, Any], kv_name: str) -> str:
+    """`config_key` with the KV pool aside too: one key for a config run at several pools."""
+    return config_key({k: v for k, v in params.items() if k != kv_name})
+
+
 def kv_mark(value: int) -> dict[str, Any]:
     """user_attrs of a config enqueued as a KV share: the pool it was asked to run with."""
     return {_KV_VALUE: int(value)}
