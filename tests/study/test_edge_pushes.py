@@ -8,7 +8,7 @@ import optuna
 from optuna.distributions import FloatDistribution, IntDistribution
 from optuna.study import StudyDirection
 
-from tuner.study.edge_pushes import promising
+from tuner.study.edge_pushes import promising, waiting_trade
 from tuner.study.record import KV_SHARE, TrialRecord
 
 SPACE = {"cap": IntDistribution(1, 128), KV_SHARE: FloatDistribution(0.0, 1.0)}
@@ -64,3 +64,47 @@ def test_runs_that_met_their_slos_are_left_to_the_incumbents_own_moves():
     top = _run(0, 21, 35_000, 610.0)
     small = _run(1, 128, 7_200, 500.0)
     assert promising(top, [top, small], _Edge(), SPACE, MAX) == []
+
+
+@dataclass
+class _BudgetEdge(_Edge):
+    """The edge shrinks by two tokens of pool per token of prefill budget."""
+
+    def edge(self, params: dict[str, Any], trials: Any) -> int:
+        return 60_000 - 2 * int(params["budget"])
+
+    def useful(self, params: dict[str, Any]) -> int | None:
+        return None if self.demand >= 10 ** 6 else self.demand
+
+
+BUDGET_SPACE = {**SPACE, "budget": IntDistribution(1024, 32768, log=True)}
+
+
+def _unmet(number: int, budget: int, kv: int, cap: int = 128, **misses: float) -> TrialRecord:
+    t = optuna.trial.create_trial(
+        params={"cap": cap, "budget": budget, KV_SHARE: 0.7, "kv": kv},
+        distributions={**BUDGET_SPACE, "kv": IntDistribution(0, 10 ** 6)}, values=[240.0],
+        user_attrs={"outcome": "slo"}, constraints={f"slo:{k}": v for k, v in misses.items()})
+    t.number = number
+    return TrialRecord.of(t)
+
+
+def test_while_nothing_met_the_slos_the_least_waiting_miss_lowers_its_budget_just_enough():
+    """8k tokens that missed p99 TTFT by 97% ask for a pool of 15.8k: the budget comes down
+    from 26k to the largest value whose edge holds that (22.1k here), at that edge; the cap,
+    which frees no memory, stays.  Once per run, never for a TPOT miss, and not where the pool
+    already holds the workload's peak demand."""
+    corner = _unmet(0, 26_000, 8_000, p99_ttft_ms=0.97)
+    worse = _unmet(1, 2_000, 30_000, cap=4, p99_ttft_ms=3.3)
+    edge: Any = _BudgetEdge()
+    trade = waiting_trade([corner, worse], edge, BUDGET_SPACE)
+    assert trade is not None
+    assert trade["cap"] == 128 and trade[KV_SHARE] == 1.0
+    assert 21_000 < trade["budget"] <= 22_120
+    assert edge.edge(trade, []) >= 8_000 * 1.97
+    ran = _unmet(2, trade["budget"], 16_000, p99_ttft_ms=1.5)
+    assert waiting_trade([corner, worse, ran], edge, BUDGET_SPACE) is None   # once per run
+    tpot = _unmet(0, 26_000, 8_000, p99_tpot_ms=0.2)
+    assert waiting_trade([tpot], edge, BUDGET_SPACE) is None
+    assert waiting_trade([corner], _BudgetEdge(demand=8_100), BUDGET_SPACE) is None
+    assert waiting_trade([corner], None, BUDGET_SPACE) is None

@@ -24,16 +24,28 @@ more than once.  On the fresh Mistral-7B / RTX 4090 scenario the worst seed at 3
 0.992 -> 0.886 and the OOM launches after the first 5 trials rose 24 -> 44 of 350, on the
 Qwen2.5-7B RAG one 21 -> 39: each push is a launch at an edge the model has not measured for
 that config.
+
+Why the waiting trade, while no run has met the SLOs: there is no incumbent to push runs past,
+and the run that missed a waiting-time SLO least may already sit at its edge, held small by its
+own forward.  On that Qwen2.5-7B RAG scenario the start-up point with every cap open drew a
+27k-token prefill budget: its edge was the smallest pool (8.2k tokens, two 3k prompts) and it
+missed p99 TTFT by 97%; the ascent then raised the budget further, and 4 of 10 seeds ended 10
+trials with nothing feasible.  A budget one step lower (11k) still left the model no room for a
+larger pool; a 4k budget held 21k tokens and met the SLO.  So the trade lowers one number
+as little as it must (`tuner.study.pool_trades.reliefs`: a bisection on the calibrated model)
+for its edge to hold the pool the miss asks for, and runs it at that edge.
 """
 
 from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 from optuna.distributions import BaseDistribution
 from optuna.study import StudyDirection
 
+from tuner.study.pool_trades import reliefs, traded
 from tuner.study.record import KV_SHARE, TrialRecord, knobs_key
 from tuner.trial.kv_share import EDGE_TOL, KvEdge
 
@@ -75,3 +87,31 @@ def promising(top: TrialRecord, trials: Sequence[TrialRecord], edge: KvEdge | No
             if bound > top.values[0]:
                 ranked.append((-bound, t.number, t))
     return [t for _, _, t in sorted(ranked, key=lambda r: r[:2])]
+
+
+
+def waiting_trade(trials: Sequence[TrialRecord], edge: KvEdge | None,
+                  search_space: Mapping[str, BaseDistribution]) -> dict[str, Any] | None:
+    """While no run has met the SLOs: the run that missed a waiting-time SLO least (`_miss`),
+    with the one number lowered least whose edge holds a pool larger than the run's by more
+    than its miss (or the workload's peak demand, where that is less), at that edge; once per
+    run.  None if there is no such run or number."""
+    if edge is None or KV_SHARE not in search_space:
+        return None
+    name = edge.param.name
+    missed = [(miss, t.number, t) for t in trials if t.original and t.values
+              and name in t.params and (miss := _miss(t)) is not None]
+    if not missed:
+        return None
+    miss, _, run = min(missed, key=lambda m: m[:2])
+    if traded(run, search_space, name, trials):
+        return None
+    rest = {k: run.params[k] for k in search_space if k != KV_SHARE}
+    pool = int(run.params[name])
+    useful = edge.useful(rest)
+    target = int(pool * (1 + max(EDGE_TOL, miss)))
+    target = target if useful is None else min(target, useful)
+    if target <= pool * (1 + EDGE_TOL):
+        return None     # the pool already holds the peak demand: the wait is not for blocks
+    found = reliefs(rest, search_space, [lambda c: edge.edge(c, trials) >= target])
+    return {**found[0], KV_SHARE: 1.0} if found else None

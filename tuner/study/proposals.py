@@ -54,7 +54,7 @@ from optuna.trial import FrozenTrial, TrialState
 from tuner.study import design
 from tuner.study.ascent import ascent_move
 from tuner.study.dead_choices import Dead, avoiding, dead_choices
-from tuner.study.edge_pushes import promising
+from tuner.study.edge_pushes import promising, waiting_trade
 from tuner.study.flips import (
     at_pool,
     companions,
@@ -154,15 +154,11 @@ class GuidedSampler(BaseSampler):
         """A neighbour of an incumbent that was not run yet, and the pool to pin it to (flips
         only): a flip (`_flip`), else, after the start-up, a move of the numbers (`_numeric`),
         or the other way round where `numbers_first` (see module doc);
-        while no run met the SLOs, an ascent from the run that missed least
-        (`tuner.study.ascent`); None if none was found."""
+        while no run met the SLOs, a waiting trade or an ascent (`_unmet`); None if none was
+        found."""
         top = self._incumbent(trials, directions, search_space, start_up)
         if top is None:   # nothing met the SLOs yet: climb from the run that missed least
-            if start_up:
-                return None
-            fresh = self._fresh(trials)
-            move = self._ascent(trials, directions, search_space, lambda c: fresh(c, slack))
-            return None if move is None else (move, None)
+            return None if start_up else self._unmet(trials, directions, search_space, slack)
         if not start_up:   # the incumbent at its edge, else a run that could beat it there
             fresh = self._fresh(trials)
             for run in [top, *promising(top, trials, self._edge, search_space, directions)]:
@@ -317,6 +313,18 @@ class GuidedSampler(BaseSampler):
         if pool is None or target <= int(pool) * (1 + EDGE_TOL):
             return None
         return {**rest, KV_SHARE: edge.share_of(rest, target, trials)}
+
+    def _unmet(self, trials: Sequence[TrialRecord], directions: Sequence[Any],
+               search_space: dict[str, BaseDistribution], slack: Slack) -> Local | None:
+        """While no run has met the SLOs: the waiting trade of the run that missed a
+        waiting-time SLO least (`tuner.study.edge_pushes.waiting_trade`), else an ascent from
+        the run that missed least."""
+        fresh = self._fresh(trials)
+        trade = waiting_trade(trials, self._edge, search_space)
+        if trade is not None and fresh(trade, slack):
+            return trade, None
+        move = self._ascent(trials, directions, search_space, lambda c: fresh(c, slack))
+        return None if move is None else (move, None)
 
     def _ascent(self, trials: Sequence[TrialRecord], directions: Sequence[Any],
                 search_space: dict[str, BaseDistribution],
