@@ -92,8 +92,8 @@ def _unmet(number: int, budget: int, kv: int, cap: int = 128, **misses: float) -
 def test_while_nothing_met_the_slos_the_least_waiting_miss_lowers_its_budget_just_enough():
     """8k tokens that missed p99 TTFT by 97% ask for a pool of 15.8k: the budget comes down
     from 26k to the largest value whose edge holds that (22.1k here), at that edge; the cap,
-    which frees no memory, stays.  Once per run, never for a TPOT miss, and not where the pool
-    already holds the workload's peak demand."""
+    which frees no memory, stays.  A run no edge can cure is passed over; once per run; never
+    for a TPOT miss, nor where the pool already holds the workload's peak demand."""
     corner = _unmet(0, 26_000, 8_000, p99_ttft_ms=0.97)
     worse = _unmet(1, 2_000, 30_000, cap=4, p99_ttft_ms=3.3)
     edge: Any = _BudgetEdge()
@@ -102,8 +102,11 @@ def test_while_nothing_met_the_slos_the_least_waiting_miss_lowers_its_budget_jus
     assert trade["cap"] == 128 and trade[KV_SHARE] == 1.0
     assert 21_000 < trade["budget"] <= 22_120
     assert edge.edge(trade, []) >= 8_000 * 1.97
-    ran = _unmet(2, trade["budget"], 16_000, p99_ttft_ms=1.5)
-    assert waiting_trade([corner, worse, ran], edge, BUDGET_SPACE) is None   # once per run
+    ran = _unmet(2, trade["budget"], 16_000, p99_ttft_ms=1.5)   # the trade ran: its own next
+    again = waiting_trade([corner, worse, ran], edge, BUDGET_SPACE)
+    assert again is not None and 9_000 < again["budget"] <= 10_000   # 16k x 2.5 = 40k
+    far = _unmet(2, trade["budget"], 16_000, p99_ttft_ms=5.0)   # 96k: no edge holds that
+    assert waiting_trade([corner, worse, far], edge, BUDGET_SPACE) is None   # once per run
     tpot = _unmet(0, 26_000, 8_000, p99_tpot_ms=0.2)
     assert waiting_trade([tpot], edge, BUDGET_SPACE) is None
     assert waiting_trade([corner], _BudgetEdge(demand=8_100), BUDGET_SPACE) is None

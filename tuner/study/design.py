@@ -45,7 +45,7 @@ from __future__ import annotations
 
 import math
 import random
-from collections.abc import Collection, Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from typing import Any
 
 from optuna.distributions import (
@@ -55,7 +55,7 @@ from optuna.distributions import (
     IntDistribution,
 )
 
-from tuner.study.record import KV_SHARE
+from tuner.study.record import KV_SHARE, TrialRecord
 
 SHARE_FLOOR = 0.5               # start-up KV shares are drawn from [SHARE_FLOOR, 1]
 
@@ -113,6 +113,21 @@ class StartupDesign:
             low = max(SHARE_FLOOR, dist.low)
             return low + self._position(name) * (dist.high - low)
         return level(dist, self._position(name))
+
+
+def corner_retry(trials: Sequence[TrialRecord], space: Mapping[str, BaseDistribution],
+                 limits: Collection[str]) -> dict[str, Any] | None:
+    """The open-limits corner at its edge (the KV share at 1: the edge its OOM corrected), where
+    it is the only config of the study with every limit at its top and it ran out of memory;
+    None otherwise.  Asked while no run has met the SLOs (`tuner.study.proposals`)."""
+    opened = {n: top for n, d in space.items() if n in limits and (top := _top(d)) is not None}
+    if not opened or KV_SHARE not in space:
+        return None
+    runs = [t for t in trials if not t.unmeasured
+            and all(t.params.get(n) == v for n, v in opened.items())]
+    if len(runs) != 1 or runs[0].outcome != "oom" or not space.keys() <= runs[0].params.keys():
+        return None
+    return {**{k: runs[0].params[k] for k in space}, KV_SHARE: 1.0}
 
 
 def _top(dist: BaseDistribution) -> Any:

@@ -39,7 +39,7 @@ for its edge to hold the pool the miss asks for, and runs it at that edge.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from optuna.distributions import BaseDistribution
@@ -90,28 +90,36 @@ def promising(top: TrialRecord, trials: Sequence[TrialRecord], edge: KvEdge | No
 
 
 
+
 def waiting_trade(trials: Sequence[TrialRecord], edge: KvEdge | None,
                   search_space: Mapping[str, BaseDistribution]) -> dict[str, Any] | None:
-    """While no run has met the SLOs: the run that missed a waiting-time SLO least (`_miss`),
-    with the one number lowered least whose edge holds a pool larger than the run's by more
-    than its miss (or the workload's peak demand, where that is less), at that edge; once per
-    run.  None if there is no such run or number."""
+    """While no run has met the SLOs: of the runs that missed only a waiting-time SLO
+    (`_miss`), the one that missed least and can be traded, with the one number lowered as
+    little as its edge needs to hold a pool larger than the run's by more than its miss (or the
+    workload's peak demand, where that is less), at that edge; once per run.  None if there is
+    no such run."""
     if edge is None or KV_SHARE not in search_space:
         return None
     name = edge.param.name
-    missed = [(miss, t.number, t) for t in trials if t.original and t.values
-              and name in t.params and (miss := _miss(t)) is not None]
-    if not missed:
-        return None
-    miss, _, run = min(missed, key=lambda m: m[:2])
-    if traded(run, search_space, name, trials):
-        return None
-    rest = {k: run.params[k] for k in search_space if k != KV_SHARE}
-    pool = int(run.params[name])
-    useful = edge.useful(rest)
-    target = int(pool * (1 + max(EDGE_TOL, miss)))
-    target = target if useful is None else min(target, useful)
-    if target <= pool * (1 + EDGE_TOL):
-        return None     # the pool already holds the peak demand: the wait is not for blocks
-    found = reliefs(rest, search_space, [lambda c: edge.edge(c, trials) >= target])
-    return {**found[0], KV_SHARE: 1.0} if found else None
+    missed = sorted((miss, t.number, t) for t in trials if t.original and t.values
+                    and name in t.params and (miss := _miss(t)) is not None)
+    for miss, _, run in missed:
+        if traded(run, search_space, name, trials):
+            continue
+        rest = {k: run.params[k] for k in search_space if k != KV_SHARE}
+        pool = int(run.params[name])
+        useful = edge.useful(rest)
+        target = int(pool * (1 + max(EDGE_TOL, miss)))
+        target = target if useful is None else min(target, useful)
+        if target <= pool * (1 + EDGE_TOL):
+            continue    # the pool already holds the peak demand: the wait is not for blocks
+        found = reliefs(rest, search_space, [_holding(edge, trials, target)])
+        if found:
+            return {**found[0], KV_SHARE: 1.0}
+    return None
+
+
+def _holding(edge: KvEdge, trials: Sequence[TrialRecord],
+             target: int) -> Callable[[dict[str, Any]], bool]:
+    """Whether a config's edge holds a pool of `target`."""
+    return lambda params: edge.edge(params, trials) >= target

@@ -103,6 +103,7 @@ class GuidedSampler(BaseSampler):
         self._edge = edge
         self._rng = random.Random(seed)
         self._design = design.StartupDesign(startup, self._rng, limits)
+        self._limits = tuple(limits)
         self._budgets = set(budgets)   # lowered first by a floor relief the model cannot rank
         self.turned_away: list[dict[str, Any]] = []   # candidates the memory model rejected
         self._ascended: set[int] = set()   # runs an ascent move started from
@@ -320,9 +321,10 @@ class GuidedSampler(BaseSampler):
         waiting-time SLO least (`tuner.study.edge_pushes.waiting_trade`), else an ascent from
         the run that missed least."""
         fresh = self._fresh(trials)
-        trade = waiting_trade(trials, self._edge, search_space)
-        if trade is not None and fresh(trade, slack):
-            return trade, None
+        for move in (design.corner_retry(trials, search_space, self._limits),
+                     waiting_trade(trials, self._edge, search_space)):
+            if move is not None and fresh(move, slack):
+                return move, None
         move = self._ascent(trials, directions, search_space, lambda c: fresh(c, slack))
         return None if move is None else (move, None)
 
