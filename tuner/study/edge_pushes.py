@@ -33,7 +33,12 @@ missed p99 TTFT by 97%; the ascent then raised the budget further, and 4 of 10 s
 trials with nothing feasible.  A budget one step lower (11k) still left the model no room for a
 larger pool; a 4k budget held 21k tokens and met the SLO.  So the trade lowers one number
 as little as it must (`tuner.study.pool_trades.reliefs`: a bisection on the calibrated model)
-for its edge to hold the pool the miss asks for, and runs it at that edge.
+for its edge to hold the pool the miss asks for, and runs it at that edge.  A run no single
+lowered number can cure is passed over for the next least miss.  The start-up corner, where it
+ran out of memory, is first run again at the edge its OOM corrected
+(`tuner.study.design.corner_retry`): in one seed of that scenario it had, and the trade of a
+run with mediocre caps gave an incumbent the local moves never left (0.898 of the best at 30
+and 40 trials); retried, it missed the SLO and was traded.
 """
 
 from __future__ import annotations

@@ -317,9 +317,10 @@ class GuidedSampler(BaseSampler):
 
     def _unmet(self, trials: Sequence[TrialRecord], directions: Sequence[Any],
                search_space: dict[str, BaseDistribution], slack: Slack) -> Local | None:
-        """While no run has met the SLOs: the waiting trade of the run that missed a
-        waiting-time SLO least (`tuner.study.edge_pushes.waiting_trade`), else an ascent from
-        the run that missed least."""
+        """While no run has met the SLOs: the start-up corner again where it ran out of memory
+        (`tuner.study.design.corner_retry`), else a waiting trade
+        (`tuner.study.edge_pushes.waiting_trade`), else an ascent from the run that missed
+        least."""
         fresh = self._fresh(trials)
         for move in (design.corner_retry(trials, search_space, self._limits),
                      waiting_trade(trials, self._edge, search_space)):
