@@ -54,7 +54,7 @@ from optuna.trial import FrozenTrial, TrialState
 from tuner.study import design
 from tuner.study.ascent import ascent_move
 from tuner.study.dead_choices import Dead, avoiding, dead_choices
-from tuner.study.edge_pushes import promising, waiting_trade
+from tuner.study.edge_pushes import promising, waiting_trade, waits
 from tuner.study.flips import (
     at_pool,
     companions,
@@ -318,12 +318,14 @@ class GuidedSampler(BaseSampler):
     def _unmet(self, trials: Sequence[TrialRecord], directions: Sequence[Any],
                search_space: dict[str, BaseDistribution], slack: Slack) -> Local | None:
         """While no run has met the SLOs: the start-up corner again where it ran out of memory
-        (`tuner.study.design.corner_retry`), else a waiting trade
+        and the study has a waiting-time SLO (`tuner.study.design.corner_retry`,
+        `tuner.study.edge_pushes.waits`), else a waiting trade
         (`tuner.study.edge_pushes.waiting_trade`), else an ascent from the run that missed
         least."""
         fresh = self._fresh(trials)
-        for move in (design.corner_retry(trials, search_space, self._limits),
-                     waiting_trade(trials, self._edge, search_space)):
+        retry = design.corner_retry(trials, search_space, self._limits) if waits(trials) \
+            else None
+        for move in (retry, waiting_trade(trials, self._edge, search_space)):
             if move is not None and fresh(move, slack):
                 return move, None
         move = self._ascent(trials, directions, search_space, lambda c: fresh(c, slack))
