@@ -4,9 +4,11 @@ half of the headroom, categorical choices balanced."""
 import math
 import random
 
+import optuna
 from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution
 
-from tuner.study.design import StartupDesign, level
+from tuner.study.design import StartupDesign, corner_retry, level
+from tuner.study.record import KV_SHARE, TrialRecord
 
 
 def test_levels_are_positions_on_the_knobs_own_scale_and_step():
@@ -69,3 +71,25 @@ def test_a_study_that_has_its_corner_draws_no_second_one():
     assert fresh == corner                  # a config with one cap open is not the corner
     again = StartupDesign(10, random.Random(3), limits).point(dists, [{**corner, "x": 1}])
     assert again != corner and max(again.values()) <= 128
+
+
+def _ran(number: int, cap: int, budget: int, outcome: str) -> TrialRecord:
+    t = optuna.trial.create_trial(
+        params={"cap": cap, "budget": budget, KV_SHARE: 0.8, "kv": 40_000},
+        distributions={"cap": IntDistribution(1, 128), "budget": IntDistribution(1024, 32768),
+                       KV_SHARE: FloatDistribution(0.0, 1.0), "kv": IntDistribution(0, 10 ** 6)},
+        values=[0.0], user_attrs={"outcome": outcome})
+    t.number = number
+    return TrialRecord.of(t)
+
+
+def test_the_corner_that_ran_out_of_memory_is_run_again_at_its_edge_once():
+    space = {"cap": IntDistribution(1, 128), "budget": IntDistribution(1024, 32768),
+             KV_SHARE: FloatDistribution(0.0, 1.0)}
+    corner, other = _ran(1, 128, 6553, "oom"), _ran(2, 7, 2515, "slo")
+    assert corner_retry([other, corner], space, ["cap"]) == {
+        "cap": 128, "budget": 6553, KV_SHARE: 1.0}
+    again = _ran(4, 128, 6553, "oom")                 # retried (and out of memory again)
+    assert corner_retry([other, corner, again], space, ["cap"]) is None
+    assert corner_retry([other, _ran(1, 128, 6553, "slo")], space, ["cap"]) is None
+    assert corner_retry([other, corner], space, []) is None     # no limits: no corner

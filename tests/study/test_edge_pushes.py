@@ -8,7 +8,7 @@ import optuna
 from optuna.distributions import FloatDistribution, IntDistribution
 from optuna.study import StudyDirection
 
-from tuner.study.edge_pushes import promising, waiting_trade
+from tuner.study.edge_pushes import promising, waiting_trade, waits
 from tuner.study.record import KV_SHARE, TrialRecord
 
 SPACE = {"cap": IntDistribution(1, 128), KV_SHARE: FloatDistribution(0.0, 1.0)}
@@ -111,3 +111,9 @@ def test_while_nothing_met_the_slos_the_least_waiting_miss_lowers_its_budget_jus
     assert waiting_trade([tpot], edge, BUDGET_SPACE) is None
     assert waiting_trade([corner], _BudgetEdge(demand=8_100), BUDGET_SPACE) is None
     assert waiting_trade([corner], None, BUDGET_SPACE) is None
+
+
+def test_a_study_waits_for_blocks_only_under_a_ttft_or_end_to_end_slo():
+    assert waits([_unmet(0, 26_000, 8_000, p99_ttft_ms=0.97)])
+    assert waits([_unmet(0, 26_000, 8_000, p99_e2el_ms=-0.2)])
+    assert not waits([_unmet(0, 26_000, 8_000, p99_tpot_ms=0.2)])
