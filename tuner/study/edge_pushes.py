@@ -65,8 +65,7 @@ def _miss(t: TrialRecord) -> float | None:
     """By how much `t` missed its SLOs (the largest relative excess) where it missed only
     ones a larger pool can cure (`MISSABLE`); None otherwise."""
     missed = {name: v for name, v in t.constraints.items() if v > 0}
-    if t.outcome != "slo" or not missed or not all(
-            name.startswith("slo:") and any(m in name for m in MISSABLE) for name in missed):
+    if t.outcome != "slo" or not missed or not all(map(_waiting, missed)):
         return None
     return max(missed.values())
 
@@ -98,8 +97,6 @@ def promising(top: TrialRecord, trials: Sequence[TrialRecord], edge: KvEdge | No
     return [t for _, _, t in sorted(ranked, key=lambda r: r[:2])]
 
 
-
-
 def waiting_trade(trials: Sequence[TrialRecord], edge: KvEdge | None,
                   search_space: Mapping[str, BaseDistribution]) -> dict[str, Any] | None:
     """While no run has met the SLOs: of the runs that missed only a waiting-time SLO
@@ -117,9 +114,7 @@ def waiting_trade(trials: Sequence[TrialRecord], edge: KvEdge | None,
             continue
         rest = {k: run.params[k] for k in search_space if k != KV_SHARE}
         pool = int(run.params[name])
-        useful = edge.useful(rest)
-        target = int(pool * (1 + max(EDGE_TOL, miss)))
-        target = target if useful is None else min(target, useful)
+        target = edge.within_demand(rest, int(pool * (1 + max(EDGE_TOL, miss))))
         if target <= pool * (1 + EDGE_TOL):
             continue    # the pool already holds the peak demand: the wait is not for blocks
         found = reliefs(rest, search_space, [_holding(edge, trials, target)])
@@ -136,5 +131,9 @@ def _holding(edge: KvEdge, trials: Sequence[TrialRecord],
 
 def waits(trials: Sequence[TrialRecord]) -> bool:
     """Whether the study has an SLO a request waiting for KV blocks adds to (`MISSABLE`)."""
-    return any(name.startswith("slo:") and any(m in name for m in MISSABLE)
-               for t in trials for name in t.constraints)
+    return any(_waiting(name) for t in trials for name in t.constraints)
+
+
+def _waiting(constraint: str) -> bool:
+    """Whether a constraint is an SLO a request waiting for KV blocks adds to (`MISSABLE`)."""
+    return constraint.startswith("slo:") and any(m in constraint for m in MISSABLE)

@@ -323,11 +323,13 @@ class GuidedSampler(BaseSampler):
         (`tuner.study.edge_pushes.waiting_trade`), else an ascent from the run that missed
         least."""
         fresh = self._fresh(trials)
-        retry = design.corner_retry(trials, search_space, self._limits) if waits(trials) \
-            else None
-        for move in (retry, waiting_trade(trials, self._edge, search_space)):
-            if move is not None and fresh(move, slack):
-                return move, None
+        if waits(trials):
+            retry = design.corner_retry(trials, search_space, self._limits)
+            if retry is not None and fresh(retry, slack):
+                return retry, None
+            trade = waiting_trade(trials, self._edge, search_space)
+            if trade is not None and fresh(trade, slack):
+                return trade, None
         move = self._ascent(trials, directions, search_space, lambda c: fresh(c, slack))
         return None if move is None else (move, None)
 
