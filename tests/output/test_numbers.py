@@ -53,3 +53,25 @@ def test_ratio_and_line():
     assert vs_default_line(best, default, OBJ) == ("vs default (trial 0): output_throughput 1.50x, "
                                                    "p99_ttft_ms 0.50x")
     assert vs_default_line(best, None, OBJ).startswith("vs default: none, the study ran no")
+
+
+def test_a_default_with_knobs_the_space_leaves_open_says_which_were_sampled():
+    """transformers.yaml gives defaults for two of seven knobs: the H200 study's trial 0 ran
+    five sampled ones (r17), and its label said only "server default"."""
+    import dataclasses
+
+    from tuner.output.trial_table import _note, footnotes
+
+    params = {"block": 256, "budget": 5365, "kv_share": 0.65, "blocks": 82}
+
+    def run(number, **kw):
+        return dataclasses.replace(rec(number), params=params, **kw)
+    default = run(0, is_default=True, given=("block",))
+    assert default.sampled == ["blocks", "budget"]
+    assert _note(default) == "server default (2 knobs sampled)"
+    assert footnotes(default)[-1].endswith("sampled: blocks, budget")
+    whole = run(0, is_default=True, given=("block", "blocks", "budget"))
+    assert whole.sampled == [] and _note(whole) == "server default"
+    old = run(0, is_default=True)                          # a study from before `given_knobs`
+    assert old.sampled == [] and _note(old) == "server default"
+    assert run(1, given=("block",)).sampled == []

@@ -123,6 +123,9 @@ def test_pipeline_samples_the_share_and_trial_0_is_a_default_that_runs(tmp_path)
     first = study.trials[0]
     assert first.user_attrs["is_default"] and first.user_attrs["outcome"] == "ok"
     assert first.params["kv_cache_tokens"] < space.param("kv_cache_tokens").default
+    # the knobs infinilm.yaml gives no default (the server's is "no cap") were sampled
+    assert TrialRecord.of(first).sampled == sorted(
+        p.name for p in space.parameters if p.default is None)
     p = space.param("kv_cache_tokens")
     for t in study.trials:
         assert "kv_share" in t.params and p.low <= t.params["kv_cache_tokens"] <= p.high

@@ -20,7 +20,7 @@ from tuner.search.space import SearchSpace
 from tuner.search.warmstart import clip_to_space, enqueue, load_seed_config, pareto_configs
 from tuner.server.gpu import GpuState
 from tuner.sim.profiles import get_profile
-from tuner.study.record import DEFAULT_MARK, KV_SHARE, kv_mark
+from tuner.study.record import DEFAULT_MARK, GIVEN, KV_SHARE, kv_mark
 from tuner.study.storage import find_study
 from tuner.trial.kv_share import runnable
 
@@ -130,7 +130,8 @@ def warm_start(study: optuna.Study, space: SearchSpace, args: argparse.Namespace
         if pipeline is not None and pipeline.capacity is not None:
             default = runnable(space, pipeline.model, pipeline.capacity,
                                pipeline.ctx.workload.cells, default)
-    added = 0 if args.no_defaults else _enqueue(study, [default], pipeline, DEFAULT_MARK)
+    added = 0 if args.no_defaults else _enqueue(study, [default], pipeline,
+                                                {**DEFAULT_MARK, GIVEN: sorted(default)})
     configs = [load_seed_config(space, f) for f in args.seed_config or []]
     if args.warm_start_from:
         configs += pareto_configs(_earlier(args.warm_start_from, storage, studies_dir), space)

@@ -25,7 +25,8 @@ NOTE_WIDTH = 50
 
 def _note(t: TrialRecord) -> str:
     """Why a row looks the way it does, in a few words."""
-    parts = ["server default"] if t.is_default else []
+    parts = [f"server default ({len(t.sampled)} knobs sampled)" if t.sampled
+             else "server default"] if t.is_default else []
     if t.cached_from is not None:
         parts.append(f"copy of trial {t.cached_from}")
     if t.measured and t.stage == Stage.SCREEN:
@@ -81,6 +82,9 @@ def footnotes(default: TrialRecord | None) -> list[str]:
     elif default is not None:
         notes.append(f"vs default: the first objective as a multiple of trial "
                      f"{default.number}'s (the server's default config)")
+        if default.sampled:
+            notes.append(f"  trial {default.number} is the server's default only where the "
+                         f"space gives one; sampled: {', '.join(default.sampled)}")
     return notes
 
 

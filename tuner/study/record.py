@@ -24,6 +24,7 @@ if TYPE_CHECKING:
 
 MEASURED_OUTCOMES = ("ok", "slo")
 DEFAULT_MARK = {"is_default": True}     # user_attrs of the enqueued server-default trial
+GIVEN = "given_knobs"                   # the knobs the server default set (the rest sampled)
 _WORKER = "worker"
 _CACHED_FROM = "cached_from"
 _KV_VALUE = "kv_value"                  # enqueued with a KV share: the KV knob's value to run
@@ -63,6 +64,7 @@ class TrialRecord:
     repeats: Sequence[Mapping[str, float]] | None = None
     cached_from: int | None = None
     is_default: bool = False
+    given: tuple[str, ...] | None = None    # of the default: the knobs it set (`GIVEN`)
     worker: str | None = None
     config_key: str | None = None
     sim_seconds: float | None = None
@@ -85,8 +87,18 @@ class TrialRecord:
             capacity_bytes=_int(a, "capacity_bytes"), idle_bytes=_int(a, "idle_bytes"),
             peak_bytes=_int(a, "peak_bytes"), repeats=a.get("repeats"),
             cached_from=_int(a, _CACHED_FROM), is_default=bool(a.get("is_default")),
+            given=tuple(a[GIVEN]) if GIVEN in a else None,
             worker=a.get(_WORKER), config_key=a.get("config_key"),
             sim_seconds=a.get("sim_seconds"), capacity_search=a.get("capacity_search"))
+
+    @property
+    def sampled(self) -> list[str]:
+        """Of the server default's trial: the knobs the space gives no default, which the
+        sampler chose (a KV pool drawn as its share named by its own knob); empty for other
+        trials and for studies that did not record `GIVEN`."""
+        if not self.is_default or self.given is None:
+            return []
+        return sorted(k for k in self.params if k not in self.given and k != KV_SHARE)
 
     @property
     def measured(self) -> bool:
@@ -240,7 +252,7 @@ def copy_result(trial: optuna.Trial, done: FrozenTrial) -> None:
     The copy never inherits `is_default`: only the enqueued default is the default.
     """
     write_constraints(trial, named_constraints(done))
-    skip = (_WORKER, "config_key", "trial_dir", "wall_s", "is_default")
+    skip = (_WORKER, "config_key", "trial_dir", "wall_s", "is_default", GIVEN)
     write_trial(trial, {k: v for k, v in done.user_attrs.items() if k not in skip})
     trial.set_user_attr(_CACHED_FROM, done.number)
 
