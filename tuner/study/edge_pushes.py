@@ -47,6 +47,7 @@ had found 0.38 and 0.76 of the best.
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -127,6 +128,20 @@ def _holding(edge: KvEdge, trials: Sequence[TrialRecord],
              target: int) -> Callable[[dict[str, Any]], bool]:
     """Whether a config's edge holds a pool of `target`."""
     return lambda params: edge.edge(params, trials) >= target
+
+
+def outgrown(run: TrialRecord, trials: Sequence[TrialRecord], kv_name: str,
+             sign: float) -> bool:
+    """Whether `run`'s knobs ran at a larger pool than its own that did not beat it (ran but
+    missed the SLOs, or met them with a first objective no better): then no push of it (see
+    module doc)."""
+    key, pool = knobs_key(run.params, kv_name), run.params.get(kv_name)
+    if pool is None:
+        return False
+    mine = sign * run.values[0] if run.feasible and run.values else -math.inf
+    return any(t.original and t.outcome in ("ok", "slo") and t.values
+               and t.params.get(kv_name, 0) > pool and knobs_key(t.params, kv_name) == key
+               and not (t.feasible and sign * t.values[0] > mine) for t in trials)
 
 
 def waits(trials: Sequence[TrialRecord]) -> bool:
