@@ -163,7 +163,7 @@ class GuidedSampler(BaseSampler):
         if not start_up:   # the incumbent at its edge, else a run that could beat it there
             fresh = self._fresh(trials)
             for run in [top, *promising(top, trials, self._edge, search_space, directions)]:
-                if (pushed := self._at_edge(run, trials, search_space, directions)) is not None \
+                if (pushed := self._at_edge(run, trials, search_space)) is not None \
                         and fresh(pushed, slack):
                     return pushed, None
         if numbers_first and not start_up:
@@ -252,7 +252,7 @@ class GuidedSampler(BaseSampler):
         else a random neighbour that fits."""
         fresh = self._fresh(trials)
         for trade in trades_of(top, search_space, self._edge, trials):
-            pushed = self._at_edge(trade, trials, search_space, directions)
+            pushed = self._at_edge(trade, trials, search_space)
             if pushed is not None and fresh(pushed, slack):
                 return pushed, None
         move = pool_trade(top, search_space, self._edge, trials)
@@ -298,19 +298,16 @@ class GuidedSampler(BaseSampler):
         return None
 
     def _at_edge(self, top: TrialRecord, trials: Sequence[TrialRecord],
-                 search_space: dict[str, BaseDistribution],
-                 directions: Sequence[Any]) -> dict[str, Any] | None:
+                 search_space: dict[str, BaseDistribution]) -> dict[str, Any] | None:
         """The incumbent with its pool at its own edge, or at the pool that holds the
         workload's peak demand where that is lower (`KvEdge.useful`), where that is more than
         `EDGE_TOL` above the pool it ran; None otherwise.  Its own run measured its forward
         (`tuner.trial.kv_calibration`), so its edge is the model's best guess, and the best
         configs of a KV-bound workload sit just under it; an OOM there bisects the real edge
-        (`KvEdge.edge`).  None too where a larger pool of the same knobs did not beat it
-        (`tuner.study.edge_pushes.outgrown`)."""
+        (`KvEdge.edge`).  None too where a larger pool of the same knobs missed the SLOs it
+        met (`tuner.study.edge_pushes.outgrown`)."""
         edge = self._edge
-        sign = 1.0 if directions[0] == StudyDirection.MAXIMIZE else -1.0
-        if edge is None or KV_SHARE not in search_space \
-                or outgrown(top, trials, edge.param.name, sign):
+        if edge is None or KV_SHARE not in search_space or outgrown(top, trials, edge.param.name):
             return None
         rest = {k: top.params[k] for k in search_space if k != KV_SHARE}
         pool = top.params.get(edge.param.name)
