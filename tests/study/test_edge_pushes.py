@@ -8,7 +8,7 @@ import optuna
 from optuna.distributions import FloatDistribution, IntDistribution
 from optuna.study import StudyDirection
 
-from tuner.study.edge_pushes import promising, waiting_trade, waits
+from tuner.study.edge_pushes import outgrown, promising, waiting_trade, waits
 from tuner.study.record import KV_SHARE, TrialRecord
 
 SPACE = {"cap": IntDistribution(1, 128), KV_SHARE: FloatDistribution(0.0, 1.0)}
@@ -117,3 +117,22 @@ def test_a_study_waits_for_blocks_only_under_a_ttft_or_end_to_end_slo():
     assert waits([_unmet(0, 26_000, 8_000, p99_ttft_ms=0.97)])
     assert waits([_unmet(0, 26_000, 8_000, p99_e2el_ms=-0.2)])
     assert not waits([_unmet(0, 26_000, 8_000, p99_tpot_ms=0.2)])
+
+
+def test_a_run_is_not_pushed_past_a_larger_pool_of_its_knobs_that_missed_the_slos():
+    """j-8b seed 1 (round 27): 744.7 tok/s at 35.2k tokens met the TTFT SLO, the same knobs at
+    41.5k missed it, and the pushes went on up to the memory edge (44.7k, 46.2k, 45.5k) for
+    the last launches of a 10-trial study.  A larger pool that missed the SLOs stops the
+    pushes; one that met them, even slower (throughput steps with the pool), an OOM (the
+    memory edge's own bisection), other knobs and smaller pools do not, nor does anything
+    stop a run that missed the SLOs itself."""
+    top = _run(0, 128, 35_200, 744.7)
+    assert not outgrown(top, [top], "kv")
+    missed = _run(1, 128, 41_500, 760.0, "slo", p99_ttft_ms=0.2)
+    assert outgrown(top, [top, missed], "kv")
+    slower, oom = _run(2, 128, 41_500, 700.0), _run(3, 128, 47_800, 0.0, "oom")
+    others = [_run(4, 64, 41_500, 700.0, "slo", p99_ttft_ms=0.2),
+              _run(5, 128, 30_000, 700.0, "slo", p99_ttft_ms=0.2)]
+    assert not outgrown(top, [top, slower, oom, *others], "kv")
+    small = _run(6, 128, 20_000, 300.0, "slo", p99_ttft_ms=0.5)
+    assert not outgrown(small, [small, missed], "kv")

@@ -548,11 +548,13 @@ def test_the_incumbent_below_its_own_edge_is_pushed_to_it_or_to_the_peak_demand_
                     "max_num_batched_tokens": space.param("max_num_batched_tokens").distribution(),
                     KV_SHARE: FloatDistribution(0.0, 1.0)}
 
-    def top(pool):
-        return TrialRecord.of(optuna.trial.create_trial(
+    def top(pool, outcome="ok", number=0):
+        t = optuna.trial.create_trial(
             params={**rest, KV_SHARE: 0.5, "kv_cache_tokens": pool},
             distributions={**search_space, "kv_cache_tokens": IntDistribution(1, 10 ** 6)},
-            values=[1.0], user_attrs={"outcome": "ok"}))
+            values=[1.0], user_attrs={"outcome": outcome})
+        t.number = number
+        return TrialRecord.of(t)
     heavy = (Cell(64, 4096, 256, 64),)           # 64 x 4608 tokens: more than the card holds
     edge = KvEdge(space, MODEL, CAP, heavy)
     top_edge = edge.edge(rest, [])
@@ -562,6 +564,9 @@ def test_the_incumbent_below_its_own_edge_is_pushed_to_it_or_to_the_peak_demand_
     assert sampler._at_edge(low, [low], search_space) == {**rest, KV_SHARE: 1.0}
     at = top(top_edge)
     assert sampler._at_edge(at, [at], search_space) is None
+    # the same knobs missed the SLOs at a larger pool: no push (edge_pushes.outgrown)
+    larger = top(top_edge * 3 // 4, outcome="slo", number=1)
+    assert sampler._at_edge(low, [low, larger], search_space) is None
 
     edge = KvEdge(space, MODEL, CAP, CELLS)      # 4 x 4608 tokens in 256-token blocks
     assert edge.useful(rest) == 4 * 4608 < edge.edge(rest, [])

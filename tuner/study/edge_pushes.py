@@ -43,6 +43,18 @@ SLO (`waits`): the retry is there for the trade.  Under TPOT SLOs alone it ran o
 again in two of ten 10-trial studies of the Qwen2.5-7B / RTX 3090 decode scenario (2% under
 the pool that had failed), and those two ended with nothing feasible where round 25's code
 had found 0.38 and 0.76 of the best.
+
+Why no push past a larger pool of the same knobs that missed the SLOs the run met
+(`outgrown`): a larger pool admits more requests at once, so a TTFT or TPOT that grew past its
+limit at a larger pool grows further above it, and a push beyond that pool is a launch the
+study can only lose.  On the Llama-3.1-8B / A100 40 GB RAG scenario of
+benchmarks/search_efficiency.py (p99 TTFT <= 12 s, round 27) seed 1's 10-trial study met the
+SLO at 35.2k tokens (0.83 of the best), missed it at 41.5k, and spent its last three launches
+on the memory edge above (44.7k missed it too, 46.2k and 45.5k ran out of memory).  Measured
+and not kept: stopping too where a larger pool met the SLOs but ran no faster.  Throughput
+steps with the pool rather than rising smoothly: on the Mistral-7B / A100 mixed scenario one
+config ran 946 tok/s at 52.6k and at 74.4k tokens, and 1008 at its edge, 75.8k; that seed
+ended 20 trials at 0.94 of the best instead of 1.00.
 """
 
 from __future__ import annotations
@@ -127,6 +139,17 @@ def _holding(edge: KvEdge, trials: Sequence[TrialRecord],
              target: int) -> Callable[[dict[str, Any]], bool]:
     """Whether a config's edge holds a pool of `target`."""
     return lambda params: edge.edge(params, trials) >= target
+
+
+def outgrown(run: TrialRecord, trials: Sequence[TrialRecord], kv_name: str) -> bool:
+    """Whether `run` met the SLOs and its knobs ran at a larger pool that missed them: then
+    no push of it (see module doc)."""
+    pool = run.params.get(kv_name)
+    if pool is None or not run.feasible:
+        return False
+    key = knobs_key(run.params, kv_name)
+    return any(t.original and t.outcome == "slo" and t.params.get(kv_name, 0) > pool
+               and knobs_key(t.params, kv_name) == key for t in trials)
 
 
 def waits(trials: Sequence[TrialRecord]) -> bool:

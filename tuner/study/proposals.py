@@ -54,7 +54,7 @@ from optuna.trial import FrozenTrial, TrialState
 from tuner.study import design
 from tuner.study.ascent import ascent_move
 from tuner.study.dead_choices import Dead, avoiding, dead_choices
-from tuner.study.edge_pushes import promising, waiting_trade, waits
+from tuner.study.edge_pushes import outgrown, promising, waiting_trade, waits
 from tuner.study.flips import (
     at_pool,
     companions,
@@ -304,9 +304,10 @@ class GuidedSampler(BaseSampler):
         `EDGE_TOL` above the pool it ran; None otherwise.  Its own run measured its forward
         (`tuner.trial.kv_calibration`), so its edge is the model's best guess, and the best
         configs of a KV-bound workload sit just under it; an OOM there bisects the real edge
-        (`KvEdge.edge`)."""
+        (`KvEdge.edge`).  None too where a larger pool of the same knobs missed the SLOs it
+        met (`tuner.study.edge_pushes.outgrown`)."""
         edge = self._edge
-        if edge is None or KV_SHARE not in search_space:
+        if edge is None or KV_SHARE not in search_space or outgrown(top, trials, edge.param.name):
             return None
         rest = {k: top.params[k] for k in search_space if k != KV_SHARE}
         pool = top.params.get(edge.param.name)
