@@ -25,8 +25,11 @@ NOTE_WIDTH = 50
 
 def _note(t: TrialRecord) -> str:
     """Why a row looks the way it does, in a few words."""
-    parts = [f"server default ({len(t.sampled)} knobs sampled)" if t.sampled
-             else "server default"] if t.is_default else []
+    parts = []
+    if t.is_default:
+        sampled = t.sampled
+        parts.append(f"server default ({len(sampled)} knobs sampled)" if sampled
+                     else "server default")
     if t.cached_from is not None:
         parts.append(f"copy of trial {t.cached_from}")
     if t.measured and t.stage == Stage.SCREEN:
