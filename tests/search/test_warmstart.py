@@ -107,3 +107,34 @@ def test_in_process_runner_sees_the_memory_cap_as_a_server_does(tmp_path):
     assert InProcessRunner("h200")(whole, default_pool, tmp_path).outcome.kind == "ok"
     res = InProcessRunner("h200")(capped, default_pool, tmp_path)
     assert res.outcome.kind == "oom" and "start-up" in res.outcome.reason
+
+
+def test_the_default_runs_on_a_model_whose_context_is_under_the_budget_range(tmp_path):
+    """InfiniLM refuses a prefill token budget over the model's context length at start-up.
+    infinilm.yaml's budget range tops out at 32768, its default with it: on an 8k-context model
+    that default (and every budget over 8k) was a failed launch until `within_context`."""
+    import json
+    cfg = json.loads((ROOT / "models" / "llama-3.1-8b" / "config.json").read_text())
+    (tmp_path / "config.json").write_text(json.dumps({**cfg, "max_position_embeddings": 8192}))
+    model = load_model_info(tmp_path)
+    cells = (Cell(2, 1024, 64, 2),)
+    space = resolve_space(load_space(ROOT / "search_spaces" / "infinilm.yaml"), model,
+                          parse_size("24GiB"), cells)
+    assert space.param("max_num_batched_tokens").bounds == (1024, 8192)
+    default = clip_to_space(space, space.default_params())
+    assert default["max_num_batched_tokens"] == 8192
+    ctx = TrialContext(space=space, workload=Workload("w", 0, None, cells,
+                                                      ("max output_throughput",), {}),
+                       model_dir=str(tmp_path), simulate="rtx4090")
+    default["kv_cache_tokens"] = 16384
+    assert InProcessRunner("rtx4090")(ctx, default, tmp_path / "t").outcome.kind == "ok"
+    over = {**default, "max_num_batched_tokens": 8193}
+    assert InProcessRunner("rtx4090")(ctx, over, tmp_path / "u").outcome.kind == "startup"
+
+
+def test_within_context_is_refused_off_an_int_knob(tmp_path):
+    y = tmp_path / "s.yaml"
+    raw = (ROOT / "search_spaces" / "infinilm.yaml").read_text()
+    y.write_text(raw.replace("role: long_use_total_len,", "role: long_use_total_len, within_context: true,"))
+    with pytest.raises(UsageError, match="within_context"):
+        load_space(y)

@@ -1,4 +1,5 @@
-"""Bounds that adapt to the model and the GPU: `high: auto` for the KV-pool knob.
+"""Bounds that adapt to the model and the GPU: `high: auto` for the KV-pool knob, and a top
+clipped to the model's context length where the server refuses more (`within_context`).
 
 Why: a fixed num-blocks range is wrong on every card but one.  On a 24 GB card an 8B model
 leaves ~5 GiB for the KV pool; on a 141 GB card it leaves ~120 GiB.  The same space file must
@@ -94,16 +95,32 @@ def _block_sizes(space: SearchSpace) -> list[int]:
     return [1]
 
 
+def _within_context(p: Param, space: SearchSpace, model: ModelInfo) -> Param:
+    """`within_context: true`: the top clipped to the model's context length.  InfiniLM asserts
+    1024 <= INFINILM_MAX_NUM_BATCHED_TOKENS <= max_position_embeddings at start-up, so on a
+    model with an 8k context every budget over 8k is a failed launch, the default's included."""
+    limit = model.max_position_embeddings
+    if p.low is not None and p.low > limit:
+        raise UsageError(f"{space.path}: parameters.{p.name}: the lower bound {p.low:g} is over "
+                         f"the model's context length ({limit}), which the server refuses")
+    if p.high is None or p.high <= limit:
+        return p
+    return dataclasses.replace(p, high=limit)
+
+
 def resolve_space(space: SearchSpace, model: ModelInfo, capacity: int | None,
                   cells: tuple[Cell, ...] | list[Cell]) -> SearchSpace:
-    """The space with every `high: auto` bound computed; unchanged when there is none."""
-    if not any(p.high_auto for p in space.parameters):
+    """The space with every `high: auto` bound computed and every `within_context` top
+    clipped to the model; unchanged when there is neither."""
+    if not any(p.high_auto or p.within_context for p in space.parameters):
         return space
-    if capacity is None:
+    if capacity is None and any(p.high_auto for p in space.parameters):
         raise UsageError(f"{space.path}: 'high: auto' needs the GPU's memory: run on a GPU that "
                          "NVML sees, use --simulate GPU, or give --gpu-memory (e.g. 24GiB)")
-    params = tuple(_resolve(p, space, model, capacity, cells) if p.high_auto else p
+    params = tuple(_within_context(p, space, model) if p.within_context else p
                    for p in space.parameters)
+    params = tuple(_resolve(p, space, model, capacity or 0, cells) if p.high_auto else p
+                   for p in params)
     return dataclasses.replace(space, parameters=params)
 
 

@@ -49,6 +49,7 @@ class Param:
     )
     divide_by: str | None = None   # rendered as value // params[divide_by] (tokens -> blocks)
     high_auto: bool = False        # `high: auto` in the YAML; `high` is None until resolved
+    within_context: bool = False   # the server refuses a value over the model's context length
 
     @property
     def bounds(self) -> tuple[float, float]:

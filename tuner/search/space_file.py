@@ -16,7 +16,7 @@ from tuner.search.space import AUTO, FAILURE_CLASSES, Param, SearchSpace, Server
 
 PARAM_TYPES = ("int", "float", "categorical", "bool")
 _PARAM_KEYS = {"type", "low", "high", "step", "log", "choices", "flag", "env", "default",
-               "true_value", "false_value", "help", "role", "divide_by"}
+               "true_value", "false_value", "help", "role", "divide_by", "within_context"}
 _TOP_KEYS = {"name", "description", "server", "fixed_flags", "fixed_env", "parameters",
              "failure_patterns"}
 _SERVER_KEYS = {"command", "simulator", "health_path", "startup_timeout_s", "api",
@@ -95,6 +95,9 @@ def _parse_param(path: Path, name: str, spec: Any) -> Param:
              "must be a string")
     _require(kw["divide_by"] is None or ptype == "int" and isinstance(kw["divide_by"], str), path,
              f"{key}.divide_by", "must name another parameter, on an int parameter")
+    kw["within_context"] = spec.get("within_context", False)
+    _require(kw["within_context"] is False or kw["within_context"] is True and ptype == "int",
+             path, f"{key}.within_context", "must be true or false; true only on an int parameter")
     if ptype in ("int", "float"):
         kw.update(_numeric(path, key, ptype, spec))
     elif ptype == "categorical":
