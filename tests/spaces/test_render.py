@@ -132,15 +132,3 @@ def test_default_config_is_inside_the_space(name):
     argv, _ = space.render(space.default_params(), **KW)
     assert argv[:len(space.server.command)] == [a.format(python=PY, **KW) for a in space.server.command]
 
-
-def test_infinilm_default_config_is_the_unflagged_server():
-    """tune's trial 0 is the unflagged (patched) server only if no knob is left to the sampler;
-    until round 28 the phase caps and the token budget were: unset, the caps are
-    --max-batch-size and the budget is the model's context length (clipped to the range)."""
-    space = resolve_space(_space("infinilm"), load_model_info(MODEL_DIR), 80 * 2 ** 30, ())
-    defaults = space.default_params()
-    assert set(defaults) == {p.name for p in space.parameters}
-    assert defaults["prefill_batch_cap"] == defaults["decode_batch_cap"] == defaults["max_batch_size"]
-    budget = space.param("max_num_batched_tokens")
-    assert defaults["max_num_batched_tokens"] == budget.high
-    assert budget.high <= load_model_info(MODEL_DIR).max_position_embeddings
