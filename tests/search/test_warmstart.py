@@ -121,13 +121,13 @@ def test_the_budget_range_ends_at_a_short_context(tmp_path):
     space = resolve_space(load_space(ROOT / "search_spaces" / "infinilm.yaml"), model,
                           parse_size("24GiB"), cells)
     assert space.param("max_num_batched_tokens").bounds == (1024, 8192)
-    default = {**clip_to_space(space, space.default_params()), "max_num_batched_tokens": 8192}
+    top = {**clip_to_space(space, space.default_params()), "kv_cache_tokens": 16384,
+           "max_num_batched_tokens": 8192}
     ctx = TrialContext(space=space, workload=Workload("w", 0, None, cells,
                                                       ("max output_throughput",), {}),
                        model_dir=str(tmp_path), simulate="rtx4090")
-    default["kv_cache_tokens"] = 16384
-    assert InProcessRunner("rtx4090")(ctx, default, tmp_path / "t").outcome.kind == "ok"
-    over = {**default, "max_num_batched_tokens": 8193}
+    assert InProcessRunner("rtx4090")(ctx, top, tmp_path / "t").outcome.kind == "ok"
+    over = {**top, "max_num_batched_tokens": 8193}
     assert InProcessRunner("rtx4090")(ctx, over, tmp_path / "u").outcome.kind == "startup"
 
 

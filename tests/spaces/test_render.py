@@ -131,4 +131,3 @@ def test_default_config_is_inside_the_space(name):
         assert dists[key]._contains(dists[key].to_internal_repr(value)), (key, value)
     argv, _ = space.render(space.default_params(), **KW)
     assert argv[:len(space.server.command)] == [a.format(python=PY, **KW) for a in space.server.command]
-

@@ -98,7 +98,7 @@ def _block_sizes(space: SearchSpace) -> list[int]:
 def _within_context(p: Param, space: SearchSpace, model: ModelInfo) -> Param:
     """`within_context: true`: the top clipped to the model's context length.  InfiniLM asserts
     1024 <= INFINILM_MAX_NUM_BATCHED_TOKENS <= max_position_embeddings at start-up, so on a
-    model with an 8k context every budget over 8k is a failed launch, the default's included."""
+    model with an 8k context every budget over 8k is a failed launch."""
     limit = model.max_position_embeddings
     if p.low is not None and p.low > limit:
         raise UsageError(f"{space.path}: parameters.{p.name}: the lower bound {p.low:g} is over "
@@ -114,13 +114,15 @@ def resolve_space(space: SearchSpace, model: ModelInfo, capacity: int | None,
     clipped to the model; unchanged when there is neither."""
     if not any(p.high_auto or p.within_context for p in space.parameters):
         return space
-    if capacity is None and any(p.high_auto for p in space.parameters):
-        raise UsageError(f"{space.path}: 'high: auto' needs the GPU's memory: run on a GPU that "
-                         "NVML sees, use --simulate GPU, or give --gpu-memory (e.g. 24GiB)")
     params = tuple(_within_context(p, space, model) if p.within_context else p
                    for p in space.parameters)
-    params = tuple(_resolve(p, space, model, capacity or 0, cells) if p.high_auto else p
-                   for p in params)
+    if any(p.high_auto for p in params):
+        if capacity is None:
+            raise UsageError(f"{space.path}: 'high: auto' needs the GPU's memory: run on a "
+                             "GPU that NVML sees, use --simulate GPU, or give --gpu-memory "
+                             "(e.g. 24GiB)")
+        params = tuple(_resolve(p, space, model, capacity, cells) if p.high_auto else p
+                       for p in params)
     return dataclasses.replace(space, parameters=params)
 
 
