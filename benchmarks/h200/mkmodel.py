@@ -5,7 +5,7 @@ Llama-3.1-8B) shape are a faithful stand-in where no weights can be downloaded. 
 a word-level one over `w0 w1 ...` (one word = one token), so a prompt's token count is exact, and
 the config has no eos token, so every request generates exactly max_tokens.
 
-    python benchmarks/h200/mkmodel.py OUT_DIR [--shape llama-3.2-1b|llama-3.1-8b|tiny] [--device cuda]
+    python benchmarks/h200/mkmodel.py OUT_DIR [--shape llama-3.2-1b|llama-3.2-3b|llama-3.1-8b|tiny] [--device cuda]
 """
 
 from __future__ import annotations
@@ -20,6 +20,9 @@ SHAPES = {
                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=8192),
     "llama-3.2-1b": dict(vocab_size=128256, hidden_size=2048, intermediate_size=8192,
                          num_hidden_layers=16, num_attention_heads=32, num_key_value_heads=8,
+                         max_position_embeddings=131072, rope_theta=500000.0),
+    "llama-3.2-3b": dict(vocab_size=128256, hidden_size=3072, intermediate_size=8192,
+                         num_hidden_layers=28, num_attention_heads=24, num_key_value_heads=8,
                          max_position_embeddings=131072, rope_theta=500000.0),
     "llama-3.1-8b": dict(vocab_size=128256, hidden_size=4096, intermediate_size=14336,
                          num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=8,

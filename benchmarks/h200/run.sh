@@ -5,7 +5,7 @@
 # transformers serve) unless /tmp/site already holds them. Writes the study database,
 # report.html, best.env and summary JSON to OUT_DIR. A study database in .h200/study.db (from an
 # earlier call) is resumed.
-# SHAPE (llama-3.2-1b; or llama-3.1-8b), MODEL (/tmp/m1b or /tmp/m8b), STUDY, TRIALS (12: measured
+# SHAPE (llama-3.2-1b; or llama-3.2-3b, llama-3.1-8b), MODEL (/tmp/m1b, /tmp/m3b, /tmp/m8b), STUDY, TRIALS (12: measured
 # configs), CAP (24GiB), STUDIES (/tmp/studies), WORKLOAD (benchmarks/h200/workload.yaml). The GPU:
 # CUDA_VISIBLE_DEVICES (one index).
 # Dry run on the built-in simulator (no GPU, infinilm space): SIMULATE=h200.
@@ -19,7 +19,7 @@ mkdir -p /tmp/hf/hub
 [ -n "${SIMULATE:-}" ] || [ -d /tmp/site/optuna ] || python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
 export PYTHONPATH=/tmp/site:$PWD
 SHAPE=${SHAPE:-llama-3.2-1b}
-TAG=$([ "$SHAPE" = llama-3.1-8b ] && echo 8b || echo 1b)
+TAG=${SHAPE##*-}
 M=${MODEL:-/tmp/m$TAG}
 CAP=${CAP:-24GiB}
 STUDY=${STUDY:-h200-transformers-$TAG-cap${CAP%GiB}}
