@@ -12,7 +12,8 @@ Latin hypercube that fits by the estimate) and the first candidate whose calibra
 the card at the smallest KV pool wins; if none does, the one closest to fitting.  The filter
 ranks, it never forbids: the estimate can be wrong, and the outcome of a config it misjudged
 corrects the calibration.  The KV pool itself is still drawn as a share of the headroom the
-chosen knobs leave.  Enqueued configs are never changed.
+chosen knobs leave.  Enqueued configs are never changed; the knobs they leave open are
+drawn where the config fits (`tuner.study.open_knobs`).
 
 Why the neighbours: see `tuner.study.flips` (one categorical changed, at the incumbent's pool;
 first, a run that missed the SLOs above the incumbent repaired by a choice that won elsewhere),
@@ -51,7 +52,7 @@ from optuna.samplers import BaseSampler, RandomSampler
 from optuna.study import StudyDirection
 from optuna.trial import FrozenTrial, TrialState
 
-from tuner.study import design
+from tuner.study import design, open_knobs
 from tuner.study.ascent import ascent_move
 from tuner.study.dead_choices import Dead, avoiding, dead_choices
 from tuner.study.edge_pushes import outgrown, promising, waiting_trade, waits
@@ -107,6 +108,7 @@ class GuidedSampler(BaseSampler):
         self._budgets = set(budgets)   # lowered first by a floor relief the model cannot rank
         self.turned_away: list[dict[str, Any]] = []   # candidates the memory model rejected
         self._ascended: set[int] = set()   # runs an ascent move started from
+        self._open: dict[int, dict[str, Any]] = {}   # queued trial -> its open knobs' draw
 
     @property
     def base(self) -> BaseSampler:
@@ -390,6 +392,13 @@ class GuidedSampler(BaseSampler):
 
     def sample_independent(self, study: optuna.Study, trial: FrozenTrial, param_name: str,
                            param_distribution: BaseDistribution) -> Any:
+        if "fixed_params" in trial.system_attrs and self._edge is not None:
+            if trial.number not in self._open:
+                self._open[trial.number] = open_knobs.drawn(
+                    study, trial, self._edge, self._slack_of,
+                    lambda name, dist: self._base.sample_independent(study, trial, name, dist))
+            if param_name in self._open[trial.number]:
+                return self._open[trial.number][param_name]
         return self._base.sample_independent(study, trial, param_name, param_distribution)
 
     def before_trial(self, study: optuna.Study, trial: FrozenTrial) -> None:

@@ -166,7 +166,7 @@ def kv_mark(value: int) -> dict[str, Any]:
     return {_KV_VALUE: int(value)}
 
 
-def kv_value(trial: optuna.Trial) -> int | None:
+def kv_value(trial: optuna.Trial | FrozenTrial) -> int | None:
     """The KV knob's value an enqueued trial must run with (see `kv_mark`), if any."""
     v = trial.user_attrs.get(_KV_VALUE)
     return int(v) if isinstance(v, (int, float)) else None
