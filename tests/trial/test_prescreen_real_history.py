@@ -11,7 +11,7 @@ current code (older records lack the per-cell forms the rules read), as the curr
 have stored it.
 
 No config that ran (ok or over the SLO) may be skipped.  The OOMs skipped are counted, at least
-as many as the current rules skip: 33 of the 38 OOMs among 296 launched configs of 18 studies.
+as many as the current rules skip: 33 of the 38 OOMs among 311 launched configs of 19 studies.
 The footprint-check refusals of transformers serve are all skipped.  Of the seed's InfiniLM's 8,
 the 3 whose 4k prefill an earlier OOM proved larger than estimated are; the other 5 were the
 first OOM of their form of forward (there is nothing before one to learn from) or a config
@@ -62,6 +62,8 @@ STUDIES = [
      H200 + "workload.yaml", 8 * GIB),
     ([RESULTS / "h200" / "study.db", *sorted((RESULTS / "two-gpu-h200").glob("journal_*.log"))],
      TRANSFORMERS, "models/llama-3.2-1b", H200 + "workload.yaml", 24 * GIB),
+    ([RESULTS / "h100-transformers-3b-rag-r29" / "study.db"], TRANSFORMERS,
+     "models/llama-3.2-3b", H200 + "workload-rag3b.yaml", 12 * GIB),
 ]
 
 
@@ -115,7 +117,8 @@ def _judged(group: int) -> list[tuple[str, bool]]:
 
 @pytest.mark.parametrize("group", range(len(STUDIES)),
                          ids=["transformers-8b-24g", "infinilm-seed-8b-24g", "infinilm-1b-12g",
-                              "infinilm-1b-h200", "transformers-1b-8g", "transformers-1b-24g"])
+                              "infinilm-1b-h200", "transformers-1b-8g", "transformers-1b-24g",
+                              "transformers-3b-12g"])
 def test_no_config_that_ran_on_a_real_gpu_is_skipped(group):
     judged = _judged(group)
     assert judged
