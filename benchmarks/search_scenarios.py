@@ -175,7 +175,21 @@ ROUND26 = (
              {"p99_e2el_ms": 30000.0}, "round 26: 1.5k and 6k prompts, an end-to-end SLO",
              held_out=True),
 )
-OPT_IN = (*UNSEEN, *FRESH, *ROUND21, *ROUND24, *ROUND25, *ROUND25B, *ROUND26)  # where named
+# Defined in round 29 before any run, on pairs no scenario had: Mistral-7B on a 24 GB RTX 3090
+# (about 7 GiB beside the weights) under RAG prompts and a TTFT SLO, and Qwen2.5-7B on an H200,
+# where memory is plentiful and the SLO (p99 TPOT) is what binds.
+ROUND29 = (
+    Scenario("k-mistral-3090-rag", "mistral-7b", "rtx3090",
+             (Cell(8, 3000, 150, 16), Cell(40, 250, 250, 80)),
+             {"p99_ttft_ms": 20000.0}, "round 29: 3k-token RAG prompts beside chat on 24 GB",
+             held_out=True),
+    Scenario("k-qwen7b-h200-tpot", "qwen2.5-7b", "h200",
+             (Cell(64, 2048, 512, 128), Cell(16, 8192, 256, 32)),
+             {"p99_tpot_ms": 30.0}, "round 29: long chat on an H200, a TPOT SLO",
+             held_out=True),
+)
+OPT_IN = (*UNSEEN, *FRESH, *ROUND21, *ROUND24, *ROUND25, *ROUND25B, *ROUND26,
+          *ROUND29)  # where named
 
 
 def by_name(name: str) -> Scenario:
