@@ -55,7 +55,6 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 from scenario_args import add_scenarios_option, scenario_names  # noqa: E402
 from search_report import BUDGETS, METHODS, scenario_table  # noqa: E402
 from search_scenarios import (  # noqa: E402
-    BASE_GRID,
     EDGE_SHARES,
     KV_SHARES,
     Scenario,
@@ -103,14 +102,16 @@ def setting(sc: Scenario) -> tuple[TrialContext, Any, int]:
     return ctx, model, cap
 
 
-def grid_of(space: SearchSpace) -> dict[str, list[Any]]:
-    """The grid method's grid: the fixed KV shares of the range times BASE_GRID; a knob the
-    space has and BASE_GRID lacks is held at the server's default, as in the ground truth."""
+def grid_of(space: SearchSpace, sc: Scenario) -> dict[str, list[Any]]:
+    """The grid method's grid: the fixed KV shares of the range times the scenario's grid
+    (`Scenario.base_grid`); a knob the space has and that grid lacks is held at the server's
+    default, as in the ground truth."""
     p = space.param("kv_cache_tokens")
     kv = sorted({int(p.low + s * (p.high - p.low)) for s in KV_SHARES})
+    base = sc.base_grid()
     held = {q.name: [q.default] for q in space.parameters
-            if q.name not in BASE_GRID and q.name != p.name and q.default is not None}
-    return {"kv_cache_tokens": kv, **BASE_GRID, **held}
+            if q.name not in base and q.name != p.name and q.default is not None}
+    return {"kv_cache_tokens": kv, **base, **held}
 
 
 def combo_truth(sc: Scenario, combo: dict[str, Any]) -> list[dict[str, Any]]:
@@ -157,7 +158,8 @@ def ground_truth(sc: Scenario, pool: Any) -> list[dict[str, Any]]:
     path = OUT / "truth" / f"{sc.name}-{fingerprint(sc)}.pkl"
     if path.is_file():
         return pickle.loads(path.read_bytes())
-    configs = [dict(zip(BASE_GRID, v)) for v in itertools.product(*BASE_GRID.values())]
+    grid = sc.base_grid()
+    configs = [dict(zip(grid, v)) for v in itertools.product(*grid.values())]
     chunks = [(sc.name, configs[i::CHUNKS]) for i in range(CHUNKS)]
     rows = [r for part in pool.map(_truth_chunk, chunks) for r in part]
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -181,7 +183,7 @@ def run_study(job: tuple[str, str, int] | tuple[str, str, int, int]) -> dict[str
     pipeline = AdaptivePipeline(ctx, objectives, model, cap, runner=InProcessRunner(sc.gpu),
                                 prescreen=tuner, screen_cells=3 if tuner else 0, kv_share=tuner)
     if method == "grid":
-        sampler = optuna.samplers.GridSampler(grid_of(ctx.space), seed=seed)
+        sampler = optuna.samplers.GridSampler(grid_of(ctx.space, sc), seed=seed)
     elif method == "tpe":
         sampler = optuna.samplers.TPESampler(seed=seed)
     else:
@@ -238,7 +240,8 @@ def fingerprint(sc: Scenario | None = None, method: str = "tuner") -> str:
         [*(p for p in t.rglob("*.py") if "commands" not in p.parts
            and (method == "tuner" or p.relative_to(t).as_posix() not in TUNER_ONLY)),
          ROOT / "benchmarks" / "search_scenarios.py"]
-    h = hashlib.sha256(repr((sc, BASE_GRID, KV_SHARES, EDGE_SHARES)).encode() if sc else b"")
+    h = hashlib.sha256(repr((sc, sc.base_grid(), KV_SHARES, EDGE_SHARES)).encode() if sc
+                       else b"")
     for path in sorted([*files, ROOT / "search_spaces" / "infinilm.yaml"]):
         h.update(path.read_bytes())
     return h.hexdigest()[:12]
