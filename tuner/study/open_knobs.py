@@ -22,7 +22,7 @@ import optuna
 from optuna.distributions import BaseDistribution
 from optuna.trial import FrozenTrial, TrialState
 
-from tuner.study.record import TrialRecord, kv_value, records
+from tuner.study.record import kv_value, records
 from tuner.trial.kv_share import KvEdge
 
 TRIES = 16      # draws of the open knobs at most, as for a proposal (`tuner.study.proposals`)
@@ -31,11 +31,9 @@ Draw = Callable[[str, BaseDistribution], Any]
 Room = Callable[[dict[str, Any]], float]
 
 
-def drawn(study: optuna.Study, trial: FrozenTrial, edge: KvEdge,
-          slack_of: Callable[[list[TrialRecord]], Room], draw: Draw) -> dict[str, Any]:
+def drawn(study: optuna.Study, trial: FrozenTrial, edge: KvEdge, draw: Draw) -> dict[str, Any]:
     """The open knobs of the queued `trial`, each drawn by `draw` (the wrapped sampler's
-    independent draw), where the config fits by `edge`'s memory model; `slack_of`: the room
-    a config leaves at the smallest pool, for a trial queued without one."""
+    independent draw), where the config fits by `edge`'s memory model."""
     given = dict(trial.system_attrs["fixed_params"])
     kv = edge.param.name
     dists = {p.name: p.distribution() for p in edge.space.parameters
@@ -44,8 +42,8 @@ def drawn(study: optuna.Study, trial: FrozenTrial, edge: KvEdge,
         return {}
     trials = records(study, (TrialState.COMPLETE,))
     pool = kv_value(trial)
-    if pool is None:
-        return fill(dists, given, draw, slack_of(trials))
+    if pool is None:   # queued without a pool: it must fit at the smallest
+        return fill(dists, given, draw, edge.slack_of(trials))
     at = edge.room_at(trials)
     return fill(dists, given, draw, lambda params: at(params, pool))
 

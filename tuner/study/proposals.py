@@ -395,7 +395,7 @@ class GuidedSampler(BaseSampler):
         if "fixed_params" in trial.system_attrs and self._edge is not None:
             if trial.number not in self._open:
                 self._open[trial.number] = open_knobs.drawn(
-                    study, trial, self._edge, self._slack_of,
+                    study, trial, self._edge,
                     lambda name, dist: self._base.sample_independent(study, trial, name, dist))
             if param_name in self._open[trial.number]:
                 return self._open[trial.number][param_name]
