@@ -198,8 +198,22 @@ ROUND29 = (
 # k-qwen7b-h200-tpot's grid holds long prompts 1 and 8 per step: with BASE_GRID's 1 alone, every
 # 8k prompt ran alone, and the best config a study found (8 per step) ran 2.2x the grid's best
 # (round 29's first run; the SLO, the cells and the model were not changed).
+# Defined in round 30 before any run: the first p99 ITL SLO (a 12k-token prefill not chunked by the
+# token budget stalls every decode beside it) on a model and card never paired (Llama-3.2-1B on
+# an A100 40 GB), and the first scenario with both a TTFT and a TPOT SLO on a 7B model
+# (Qwen2.5-7B on an A100 80 GB, 4k prompts beside chat).
+ROUND30 = (
+    Scenario("l-1b-a100-40g-itl", "llama-3.2-1b", "a100-40g",
+             (Cell(96, 768, 384, 192), Cell(12, 12000, 200, 24)),
+             {"p99_itl_ms": 60.0}, "round 30: chat beside 12k prompts, a p99 ITL SLO",
+             held_out=True),
+    Scenario("l-qwen7b-a100-80g-twoslo", "qwen2.5-7b", "a100-80g",
+             (Cell(64, 4096, 256, 128), Cell(128, 512, 512, 256)),
+             {"p99_ttft_ms": 10000.0, "p99_tpot_ms": 50.0},
+             "round 30: 4k prompts beside chat, TTFT and TPOT SLOs", held_out=True),
+)
 OPT_IN = (*UNSEEN, *FRESH, *ROUND21, *ROUND24, *ROUND25, *ROUND25B, *ROUND26,
-          *ROUND29)  # where named
+          *ROUND29, *ROUND30)  # where named
 
 
 def by_name(name: str) -> Scenario:
