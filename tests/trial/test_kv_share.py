@@ -539,7 +539,7 @@ def test_the_incumbent_below_its_own_edge_is_pushed_to_it_or_to_the_peak_demand_
     cell's requests all at once; at that pool, nothing is pushed."""
     from optuna.distributions import FloatDistribution
 
-    from tuner.study.proposals import GuidedSampler
+    from tuner.study.edge_pushes import at_edge
     from tuner.study.record import KV_SHARE
 
     space = _space()
@@ -559,23 +559,21 @@ def test_the_incumbent_below_its_own_edge_is_pushed_to_it_or_to_the_peak_demand_
     edge = KvEdge(space, MODEL, CAP, heavy)
     top_edge = edge.edge(rest, [])
     assert edge.useful(rest) > top_edge
-    sampler = GuidedSampler(optuna.samplers.RandomSampler(seed=0), None, 0, edge=edge)
     low = top(top_edge // 2)
-    assert sampler._at_edge(low, [low], search_space) == {**rest, KV_SHARE: 1.0}
+    assert at_edge(low, [low], search_space, edge) == {**rest, KV_SHARE: 1.0}
     at = top(top_edge)
-    assert sampler._at_edge(at, [at], search_space) is None
+    assert at_edge(at, [at], search_space, edge) is None
     # the same knobs missed the SLOs at a larger pool: no push (edge_pushes.outgrown)
     larger = top(top_edge * 3 // 4, outcome="slo", number=1)
-    assert sampler._at_edge(low, [low, larger], search_space) is None
+    assert at_edge(low, [low, larger], search_space, edge) is None
 
     edge = KvEdge(space, MODEL, CAP, CELLS)      # 4 x 4608 tokens in 256-token blocks
     assert edge.useful(rest) == 4 * 4608 < edge.edge(rest, [])
-    sampler = GuidedSampler(optuna.samplers.RandomSampler(seed=0), None, 0, edge=edge)
     low = top(4 * 4608 // 2)
-    pushed = sampler._at_edge(low, [low], search_space)
+    pushed = at_edge(low, [low], search_space, edge)
     assert edge.value(rest, pushed[KV_SHARE], [low]) == 4 * 4608
     at = top(4 * 4608)
-    assert sampler._at_edge(at, [at], search_space) is None
+    assert at_edge(at, [at], search_space, edge) is None
 
 
 def test_the_edge_keeps_the_pool_inside_the_servers_footprint_check():

@@ -157,6 +157,26 @@ def waits(trials: Sequence[TrialRecord]) -> bool:
     return any(_waiting(name) for t in trials for name in t.constraints)
 
 
+def at_edge(top: TrialRecord, trials: Sequence[TrialRecord],
+            search_space: Mapping[str, BaseDistribution],
+            edge: KvEdge | None) -> dict[str, Any] | None:
+    """`top` with its pool at its own edge, or at the pool that holds the workload's peak
+    demand where that is lower (`KvEdge.useful`), where that is more than `EDGE_TOL` above the
+    pool it ran; None otherwise.  Its own run measured its forward
+    (`tuner.trial.kv_calibration`), so its edge is the model's best guess, and the best configs
+    of a KV-bound workload sit just under it; an OOM there bisects the real edge
+    (`KvEdge.edge`).  None too where a larger pool of the same knobs missed the SLOs it met
+    (`outgrown`)."""
+    if edge is None or KV_SHARE not in search_space or outgrown(top, trials, edge.param.name):
+        return None
+    rest = {k: top.params[k] for k in search_space if k != KV_SHARE}
+    pool = top.params.get(edge.param.name)
+    target = edge.within_demand(rest, edge.edge(rest, trials))
+    if pool is None or target <= int(pool) * (1 + EDGE_TOL):
+        return None
+    return {**rest, KV_SHARE: edge.share_of(rest, target, trials)}
+
+
 def _waiting(constraint: str) -> bool:
     """Whether a constraint is an SLO a request waiting for KV blocks adds to (`MISSABLE`)."""
     return constraint.startswith("slo:") and any(m in constraint for m in MISSABLE)

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import math
 import random
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Any
 
 from optuna.distributions import (
@@ -30,7 +30,8 @@ from optuna.distributions import (
 )
 from optuna.study import StudyDirection
 
-from tuner.study.record import KV_SHARE, TrialRecord
+from tuner.study.record import KV_SHARE, TrialRecord, config_key
+from tuner.trial.kv_share import KvEdge
 
 MAX_CHANGES = 2
 STEP_SCALE = 0.25   # the largest move of a number, as a share of its range (log or linear)
@@ -154,3 +155,21 @@ def distinct(tops: list[TrialRecord], kv_name: str | None) -> list[TrialRecord]:
                                          t.number)):
         out.setdefault(tuple(t.values or ()), t)
     return sorted(out.values(), key=lambda t: t.number)
+
+
+def fresh_in(trials: Sequence[TrialRecord],
+             edge: KvEdge | None) -> Callable[..., bool]:
+    """`fresh(cand, fits, pool=None)`: whether a candidate fits by `fits` (a config's slack:
+    >= 0 where it can fit) and renders to a config not run yet (its KV share rendered to its
+    pool: two shares can be one pool or two pools; a flip's pool is pinned instead: `pool`)."""
+    seen = {config_key(t.params) for t in trials}
+
+    def fresh(cand: dict[str, Any], fits: Callable[[dict[str, Any]], float],
+              pool: int | None = None) -> bool:
+        full = cand
+        if edge is not None and KV_SHARE in cand:
+            rest = {k: v for k, v in cand.items() if k != KV_SHARE}
+            full = {**rest, edge.param.name: pool if pool is not None
+                    else edge.value(rest, cand[KV_SHARE], trials)}
+        return config_key(full) not in seen and fits(cand) >= 0
+    return fresh

@@ -55,7 +55,7 @@ from optuna.trial import FrozenTrial, TrialState
 from tuner.study import design, open_knobs
 from tuner.study.ascent import ascent_move
 from tuner.study.dead_choices import Dead, avoiding, dead_choices
-from tuner.study.edge_pushes import outgrown, promising, waiting_trade, waits
+from tuner.study.edge_pushes import at_edge, promising, waiting_trade, waits
 from tuner.study.flips import (
     at_pool,
     companions,
@@ -66,6 +66,7 @@ from tuner.study.flips import (
 )
 from tuner.study.local_moves import (
     distinct,
+    fresh_in,
     incumbents,
     inert_knobs,
     neighbour,
@@ -73,8 +74,8 @@ from tuner.study.local_moves import (
 )
 from tuner.study.open_caps import opened_caps, raised_budgets, request_caps, untested
 from tuner.study.pool_trades import floor_relief, pool_trade, reliefs, trades_of
-from tuner.study.record import KV_SHARE, TrialRecord, config_key, records
-from tuner.trial.kv_share import EDGE_TOL, KvEdge
+from tuner.study.record import KV_SHARE, TrialRecord, records
+from tuner.trial.kv_share import KvEdge
 
 TRIES = 16      # candidates drawn per proposal at most (one TPE draw costs ~10 ms)
 
@@ -163,9 +164,9 @@ class GuidedSampler(BaseSampler):
         if top is None:   # nothing met the SLOs yet: climb from the run that missed least
             return None if start_up else self._unmet(trials, directions, search_space, slack)
         if not start_up:   # the incumbent at its edge, else a run that could beat it there
-            fresh = self._fresh(trials)
+            fresh = fresh_in(trials, self._edge)
             for run in [top, *promising(top, trials, self._edge, search_space, directions)]:
-                if (pushed := self._at_edge(run, trials, search_space)) is not None \
+                if (pushed := at_edge(run, trials, search_space, self._edge)) is not None \
                         and fresh(pushed, slack):
                     return pushed, None
         if numbers_first and not start_up:
@@ -187,7 +188,7 @@ class GuidedSampler(BaseSampler):
         model says cannot fit, with another change: `_pairs`)."""
         base = {k: top.params[k] for k in search_space}
         kv_name = self._edge.param.name if self._edge is not None else None
-        fresh = self._fresh(trials)
+        fresh = fresh_in(trials, self._edge)
 
         def probe(cand: dict[str, Any], fits: Slack) -> Local | None:
             params, pool = at_pool(cand, top, self._edge, trials)
@@ -218,7 +219,7 @@ class GuidedSampler(BaseSampler):
         that won its comparisons (`tuner.study.flips.repairs`), at that run's pool."""
         best = sign * top.values[0] if top.values else -math.inf
         kv_name = self._edge.param.name if self._edge is not None else None
-        fresh = self._fresh(trials)
+        fresh = fresh_in(trials, self._edge)
         for miss, cand in repairs(trials, search_space, kv_name, sign, best):
             params, pool = at_pool(cand, miss, self._edge, trials)
             if fresh(params, slack, pool):
@@ -252,9 +253,9 @@ class GuidedSampler(BaseSampler):
         (`tuner.study.pool_trades`), else an open cap, else a raised budget
         (`tuner.study.open_caps`), else an ascent move (`_ascent`), then the pattern move,
         else a random neighbour that fits."""
-        fresh = self._fresh(trials)
+        fresh = fresh_in(trials, self._edge)
         for trade in trades_of(top, search_space, self._edge, trials):
-            pushed = self._at_edge(trade, trials, search_space)
+            pushed = at_edge(trade, trials, search_space, self._edge)
             if pushed is not None and fresh(pushed, slack):
                 return pushed, None
         move = pool_trade(top, search_space, self._edge, trials)
@@ -292,31 +293,12 @@ class GuidedSampler(BaseSampler):
         def at_pool(cand: dict[str, Any]) -> tuple[dict[str, Any], int]:
             rest = {k: v for k, v in cand.items() if k != KV_SHARE}
             return rest, edge.carried(pool, top.params, rest)
-        fresh = self._fresh(trials)
+        fresh = fresh_in(trials, self._edge)
         for cand in raised_budgets(base, self._budgets, search_space, edge.cells,
                                    lambda c: room(*at_pool(c)) >= 0):
             if fresh(cand, slack, pinned := at_pool(cand)[1]):
                 return cand, pinned
         return None
-
-    def _at_edge(self, top: TrialRecord, trials: Sequence[TrialRecord],
-                 search_space: dict[str, BaseDistribution]) -> dict[str, Any] | None:
-        """The incumbent with its pool at its own edge, or at the pool that holds the
-        workload's peak demand where that is lower (`KvEdge.useful`), where that is more than
-        `EDGE_TOL` above the pool it ran; None otherwise.  Its own run measured its forward
-        (`tuner.trial.kv_calibration`), so its edge is the model's best guess, and the best
-        configs of a KV-bound workload sit just under it; an OOM there bisects the real edge
-        (`KvEdge.edge`).  None too where a larger pool of the same knobs missed the SLOs it
-        met (`tuner.study.edge_pushes.outgrown`)."""
-        edge = self._edge
-        if edge is None or KV_SHARE not in search_space or outgrown(top, trials, edge.param.name):
-            return None
-        rest = {k: top.params[k] for k in search_space if k != KV_SHARE}
-        pool = top.params.get(edge.param.name)
-        target = edge.within_demand(rest, edge.edge(rest, trials))
-        if pool is None or target <= int(pool) * (1 + EDGE_TOL):
-            return None
-        return {**rest, KV_SHARE: edge.share_of(rest, target, trials)}
 
     def _unmet(self, trials: Sequence[TrialRecord], directions: Sequence[Any],
                search_space: dict[str, BaseDistribution], slack: Slack) -> Local | None:
@@ -325,7 +307,7 @@ class GuidedSampler(BaseSampler):
         `tuner.study.edge_pushes.waits`), else a waiting trade
         (`tuner.study.edge_pushes.waiting_trade`), else an ascent from the run that missed
         least."""
-        fresh = self._fresh(trials)
+        fresh = fresh_in(trials, self._edge)
         if waits(trials):
             retry = design.corner_retry(trials, search_space, self._limits)
             if retry is not None and fresh(retry, slack):
@@ -363,22 +345,6 @@ class GuidedSampler(BaseSampler):
         """Whether the choice `cand` flips in `base` is one the memory filter turned away."""
         return any(p.get(k) == v for k, v in cand.items() if base[k] != v
                    for p in self.turned_away)
-
-    def _fresh(self, trials: Sequence[TrialRecord]) -> Callable[..., bool]:
-        """`fresh(cand, fits, pool=None)`: whether a candidate fits by `fits` and renders to a
-        config not run yet (its KV share rendered to its pool, two shares can be one pool or
-        two pools; a flip's pool is pinned instead: `pool`)."""
-        seen = {config_key(t.params) for t in trials}
-        edge = self._edge
-
-        def fresh(cand: dict[str, Any], fits: Slack, pool: int | None = None) -> bool:
-            full = cand
-            if edge is not None and KV_SHARE in cand:
-                rest = {k: v for k, v in cand.items() if k != KV_SHARE}
-                full = {**rest, edge.param.name: pool if pool is not None
-                        else edge.value(rest, cand[KV_SHARE], trials)}
-            return config_key(full) not in seen and fits(cand) >= 0
-        return fresh
 
     def _draw(self, study: optuna.Study, trial: FrozenTrial,
               search_space: dict[str, BaseDistribution]) -> dict[str, Any]:
