@@ -8,6 +8,7 @@ from optuna.distributions import CategoricalDistribution, IntDistribution
 from tuner.bench.records import Cell
 from tuner.search.space import Param
 from tuner.study.open_caps import (
+    cap_targets,
     in_flight,
     opened_caps,
     raised_budgets,
@@ -39,21 +40,45 @@ def test_in_flight_is_the_most_requests_one_cell_holds():
 
 def test_each_binding_cap_is_raised_to_the_busiest_cells_concurrency_most_binding_first():
     top = {"batch": 40, "decode": 19, "stepped": 64, "budget": 2048, "graph": True, "kv": 9}
-    moves = opened_caps(top, CAPS, DISTS, CELLS)
+    caps = {name: in_flight(CELLS) for name in CAPS}
+    moves = opened_caps(top, caps, DISTS)
     assert moves == [{**{k: top[k] for k in DISTS}, "decode": 48},
                      {**{k: top[k] for k in DISTS}, "batch": 48}]
     # a cap already at or above the concurrency, and the token budget, are never moved
-    assert opened_caps({**top, "batch": 48, "decode": 100}, CAPS, DISTS, CELLS) == []
+    assert opened_caps({**top, "batch": 48, "decode": 100}, caps, DISTS) == []
 
 
 def test_a_cap_lands_on_its_grid_and_never_past_its_range():
     top = {"batch": 100, "decode": 100, "stepped": 16, "budget": 2048, "graph": False}
-    (move,) = opened_caps(top, CAPS, DISTS, [Cell(50, 10, 10)])
+    (move,) = opened_caps(top, dict.fromkeys(CAPS, 50), DISTS)
     assert move["stepped"] == 56                      # 50 rounded up onto the step of 8
-    (move,) = opened_caps({**top, "batch": 128, "stepped": 256, "decode": 60}, CAPS,
-                          {**DISTS, "decode": IntDistribution(1, 64)}, [Cell(500, 10, 10)])
+    (move,) = opened_caps({**top, "batch": 128, "stepped": 256, "decode": 60},
+                          dict.fromkeys(CAPS, 500), {**DISTS, "decode": IntDistribution(1, 64)})
     assert move["decode"] == 64                       # the top of its range
 
+
+
+def test_the_long_context_guard_holds_the_long_requests_its_own_threshold_counts():
+    """The guard's cap is opened to the long requests a cell keeps in flight: 12 prompts of
+    12k tokens (of 24) beside 96 chat requests of 768; the batch caps to the 96.  Which
+    requests are long is the config's own call: at a threshold over every prompt, none is, and
+    the guard is not a cap to open; by prompt + output, a 3.9k prompt with 200 output tokens is
+    long at 4096."""
+    roles = {"batch": "max_batch", "dc": "decode_batch_cap", "long": "long_max_batch",
+             "thr": "long_threshold", "total": "long_use_total_len"}
+    space = SimpleNamespace(parameters=[Param(n, "int", role=r) for n, r in roles.items()])
+    cells = [Cell(96, 768, 384, 192), Cell(12, 12000, 200, 24)]
+    top = {"batch": 64, "dc": 64, "long": 3, "thr": 2048, "total": False}
+    targets = cap_targets(space, top, cells)  # type: ignore[arg-type]
+    assert targets == {"batch": 96, "dc": 96, "long": 12}
+    dists = {"batch": IntDistribution(1, 128), "dc": IntDistribution(1, 128),
+             "long": IntDistribution(1, 8)}
+    assert opened_caps(top, targets, dists)[0] == {"batch": 64, "dc": 64, "long": 8}
+    assert "long" not in cap_targets(space, {**top, "thr": 16384}, cells)  # type: ignore[arg-type]
+    edge = [Cell(4, 3900, 200, 8)]
+    assert "long" not in cap_targets(space, {**top, "thr": 4096}, edge)  # type: ignore[arg-type]
+    assert cap_targets(space, {**top, "thr": 4096, "total": True},  # type: ignore[arg-type]
+                       edge)["long"] == 4
 
 def test_a_budget_is_raised_towards_the_busiest_cells_prompts_as_far_as_the_pool_fits():
     """The busiest cell has 32 x 1000 prompt tokens in flight (the 48-request chat cell

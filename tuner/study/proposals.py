@@ -72,7 +72,7 @@ from tuner.study.local_moves import (
     neighbour,
     pattern_move,
 )
-from tuner.study.open_caps import opened_caps, raised_budgets, request_caps, untested
+from tuner.study.open_caps import cap_targets, opened_caps, raised_budgets, untested
 from tuner.study.pool_trades import floor_relief, pool_trade, reliefs, trades_of
 from tuner.study.record import KV_SHARE, TrialRecord, records
 from tuner.trial.kv_share import KvEdge
@@ -262,8 +262,9 @@ class GuidedSampler(BaseSampler):
         if move is not None and not fresh(move, slack):
             move = None
         if move is None and self._edge is not None:
-            opened = untested(opened_caps(top.params, request_caps(self._edge.space),
-                                          search_space, self._edge.cells),
+            opened = untested(opened_caps(top.params, cap_targets(self._edge.space, top.params,
+                                                                  self._edge.cells),
+                                          search_space),
                               trials, self._edge.param.name)
             move = next((c for c in opened if fresh(c, slack)), None)
         if move is None:
