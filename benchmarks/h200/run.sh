@@ -6,7 +6,7 @@
 # report.html, best.env and summary JSON to OUT_DIR. A study database in .h200/study.db (from an
 # earlier call) is resumed.
 # SHAPE (llama-3.2-1b; or llama-3.2-3b, llama-3.1-8b), MODEL (/tmp/m1b, /tmp/m3b, /tmp/m8b), STUDY, TRIALS (12: measured
-# configs), CAP (24GiB), STUDIES (/tmp/studies), WORKLOAD (benchmarks/h200/workload.yaml). The GPU:
+# configs), PICK (max-throughput: the pick tune confirms and exports, and the side by side runs), CAP (24GiB), STUDIES (/tmp/studies), WORKLOAD (benchmarks/h200/workload.yaml). The GPU:
 # CUDA_VISIBLE_DEVICES (one index).
 # Dry run on the built-in simulator (no GPU, infinilm space): SIMULATE=h200.
 set -u
@@ -41,15 +41,15 @@ mkdir -p $STUDIES/$STUDY
 cat "$OUT/env.txt"
 if [ "$STAGE" = tune ] || [ "$STAGE" = all ]; then
   timeout -s INT -k 60 ${TUNE_S:-36000} python3 -m tuner.cli tune "${COMMON[@]}" --trials ${TRIALS:-12} --study $STUDY --studies-dir $STUDIES \
-    --gpu-memory-cap $CAP --stall-timeout 60 --startup-timeout 180 --sampler ${SAMPLER:-auto} 2>&1 | tr '\r' '\n' | grep --line-buffered -v '^ *[0-9]*%|' | tee "$OUT/tune.log"
+    --gpu-memory-cap $CAP --stall-timeout 60 --startup-timeout 180 --sampler ${SAMPLER:-auto} --pick ${PICK:-max-throughput} 2>&1 | tr '\r' '\n' | grep --line-buffered -v '^ *[0-9]*%|' | tee "$OUT/tune.log"
   cp $STUDIES/$STUDY/study.db "$OUT/study.db"
   python3 -m tuner.cli inspect --study $STUDY --studies-dir $STUDIES --no-report > "$OUT/inspect.txt" 2>&1
 fi
 if [ "$STAGE" = compare ] || [ "$STAGE" = all ]; then
   timeout -s INT -k 30 ${COMPARE_S:-36000} python3 benchmarks/h200/side_by_side.py "${COMMON[@]}" \
-    --study $STUDY --studies-dir $STUDIES --gpu-memory-cap $CAP --repeats 3 --pick max-throughput \
+    --study $STUDY --studies-dir $STUDIES --gpu-memory-cap $CAP --repeats 3 --pick ${PICK:-max-throughput} \
     -o "$OUT/side_by_side.json" 2>&1 | tee "$OUT/compare.log"
-  python3 -m tuner.cli export --study $STUDY --studies-dir $STUDIES --pick max-throughput -o "$OUT/best.env"
+  python3 -m tuner.cli export --study $STUDY --studies-dir $STUDIES --pick ${PICK:-max-throughput} -o "$OUT/best.env"
   python3 -m tuner.cli inspect --study $STUDY --studies-dir $STUDIES --format json --report "$OUT/report.html" > "$OUT/inspect.json"
   cp $STUDIES/$STUDY/study.db "$OUT/study.db"
 fi

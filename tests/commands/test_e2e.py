@@ -68,8 +68,14 @@ def test_tune_export_inspect_on_the_simulator(tmp_path, capsys):
     assert [t["number"] for t in doc["trials"]] == [0, 1, 2, 3]
     assert {"number", "params", "outcome", "values", "constraints"} <= set(doc["trials"][0])
     assert "pareto" in doc
-    if any(t.user_attrs["outcome"] == "ok" for t in trials):
-        assert (folder / "best.env").is_file()
+    assert any(t.user_attrs["outcome"] == "ok" for t in trials)
+    assert (folder / "best.env").is_file()
+    # the budget is spent: resumed with --confirm-pick, only the pick runs again
+    assert main(["tune", "--model", MODEL, "--simulate", "rtx4090", "--trials", "4", "--study",
+                 "e2e", "--studies-dir", str(studies), "--confirm-pick", "1"]) == 0
+    out = capsys.readouterr().out
+    assert re.search(r"trial \d confirmed as trial 4 over 2 runs .*: holds", out), out
+    assert "(trial 4)" in out                        # best.env is written from the confirmation
     for port in _ports(folder / "trials"):
         assert port_is_free(port) and not _sim_processes(f"--port {port}")
 

@@ -34,6 +34,7 @@ from tuner.commands.tune_options import (
     capacity_bytes,
     check_adaptive_args,
     default_on_grid,
+    pick_runs,
     warm_start,
 )
 from tuner.errors import UsageError
@@ -61,6 +62,7 @@ from tuner.study.sampler import SAMPLERS, enqueue_grid, make_sampler, run_seed, 
 from tuner.study.storage import STORAGE_HELP, open_storage, sqlite_path, storage_url
 from tuner.study.study_record import set_bounds
 from tuner.study.workers import parse_gpus, run_workers
+from tuner.trial.confirm_pick import confirm_pick
 from tuner.trial.context import TrialContext
 from tuner.trial.pipeline import AdaptivePipeline
 
@@ -214,7 +216,11 @@ def _run(args: argparse.Namespace, stack: contextlib.ExitStack) -> int:
     url = storage_url(studies_dir, name, args.storage)
     study = _open_study(args, setup, name, url)
     if gpus:
-        return run_workers(_argv_without_gpus(args.cli_argv), gpus)
+        code = run_workers([*_argv_without_gpus(args.cli_argv), "--confirm-pick", "0"], gpus)
+        if pick_runs(args):
+            print("--gpus: the pick was not confirmed; to confirm it on one GPU, run the same "
+                  "command without --gpus (the study's budget is spent, so only the pick runs)")
+        return code
     pipeline = AdaptivePipeline(setup.ctx, setup.objectives, setup.model, setup.capacity,
                                 prescreen=not args.no_prescreen, screen_cells=args.screen_cells,
                                 confirm=args.confirm,
@@ -230,9 +236,10 @@ def _run(args: argparse.Namespace, stack: contextlib.ExitStack) -> int:
     done = finished(study)
     print(plan_text(name, done, target, url))
     _optimize(study, setup, pipeline, args, studies_dir / name / "trials", target)
+    confirm_pick(study, pipeline, pick_runs(args), studies_dir / name / "trials", args.pick)
     print_summary(study)
     if not args.no_export:
-        _export(study, studies_dir / name)
+        _export(study, studies_dir / name, args.pick)
     return 0
 
 
@@ -253,7 +260,7 @@ def _optimize(study: optuna.Study, setup: _Setup, pipeline: AdaptivePipeline,
     metric = setup.objectives[0].metric
 
     def on_trial(study: optuna.Study, trial: optuna.trial.FrozenTrial) -> None:
-        if trial.state == TrialState.COMPLETE and not TrialRecord.of(trial).unmeasured:
+        if trial.state == TrialState.COMPLETE and TrialRecord.of(trial).budgeted:
             bar.update(1)
         bar.set_postfix_str(progress_text(study, trial, metric))
 
@@ -270,10 +277,11 @@ def _optimize(study: optuna.Study, setup: _Setup, pipeline: AdaptivePipeline,
         print(stop.fired)
 
 
-def _export(study: optuna.Study, folder: Path) -> None:
-    """best.env of the knee of the feasible Pareto set, and report.html (also in the dashboard)."""
+def _export(study: optuna.Study, folder: Path, pick: str) -> None:
+    """best.env of the `pick` of the feasible Pareto set, and report.html (also in the
+    dashboard)."""
     try:
-        choice = choose(study, "knee")
+        choice = choose(study, pick)
     except UsageError as exc:
         choice = None
         print(f"no best.env written: {exc}", file=sys.stderr)

@@ -1,8 +1,8 @@
 """`tuner tune`'s adaptive-search options, kept out of tune.py so both can change independently.
 
 Options: --gpu-memory (the card size the bounds and pre-screen use), --no-prescreen,
---screen-cells, --confirm, --seed-config, --warm-start-from, --no-defaults, --kv-absolute,
---max-skips, --patience.
+--screen-cells, --confirm, --pick, --confirm-pick, --seed-config, --warm-start-from, --no-defaults,
+--kv-absolute, --max-skips, --patience.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 import optuna
 
 from tuner.errors import UsageError
+from tuner.output.select import PICKS
 from tuner.search.bounds import parse_size
 from tuner.search.grid import complete_on_grid
 from tuner.search.space import SearchSpace
@@ -67,6 +68,15 @@ def add_adaptive_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--confirm", type=int, default=0, metavar="N",
                    help="re-run each config that enters the Pareto front N more times; its "
                         "metrics become the medians (default: %(default)s)")
+    p.add_argument("--pick", choices=[k for k in PICKS if k != "slo"], default="knee",
+                   help="the rule that chooses the config best.env is written from, and that "
+                        "--confirm-pick confirms (the workload's SLOs always apply; `tuner "
+                        "export` can choose again; default: %(default)s)")
+    p.add_argument("--confirm-pick", type=int, metavar="N",
+                   help="once the budget is spent, re-run the pick N more times before it is "
+                        "exported: it stands on the medians of its runs and must meet the SLOs "
+                        "in every run, else the next pick is confirmed (up to 3 configs; not "
+                        "counted in --trials; default: 2 on a real server, 0 with --simulate)")
     p.add_argument("--seed-config", action="append", metavar="FILE",
                    help="repeatable: a config to run first (YAML/JSON knob: value, or an env "
                         "file such as best.env), clipped into the space")
@@ -98,11 +108,20 @@ def capacity_bytes(args: argparse.Namespace, gpu_state: GpuState | None) -> int 
     return gpu_state.total_bytes if gpu_state is not None else None
 
 
+def pick_runs(args: argparse.Namespace) -> int:
+    """--confirm-pick, else 2 on a real server (the pick then stands on 3 runs, as the H200
+    records' side by sides do), else 0: the simulator without --jitter repeats itself."""
+    if args.confirm_pick is not None:
+        return int(args.confirm_pick)
+    return 0 if args.simulate else 2
+
+
 def check_adaptive_args(args: argparse.Namespace) -> None:
     if args.screen_cells < 0:
         raise UsageError("--screen-cells must be >= 0")
-    if args.confirm < 0:
-        raise UsageError("--confirm must be >= 0")
+    for flag in ("confirm", "confirm_pick"):
+        if (getattr(args, flag, None) or 0) < 0:
+            raise UsageError(f"--{flag.replace('_', '-')} must be >= 0")
     for flag in ("max_skips", "patience"):
         if getattr(args, flag, None) is not None and getattr(args, flag) < 1:
             raise UsageError(f"--{flag.replace('_', '-')} must be >= 1")

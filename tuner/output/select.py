@@ -1,6 +1,8 @@
 """Choose one config from a study: the feasible Pareto set, then a pick rule, then robustness.
 
-Feasible is `TrialRecord.feasible`: COMPLETE, every constraint <= 0, outcome "ok" and measured on
+A trial re-run by a confirmation of the pick (`tuner.trial.confirm_pick`) is judged by that
+confirmation's runs, not its own (`tuner.study.record.latest`).  Feasible is
+`TrialRecord.feasible`: COMPLETE, every constraint <= 0, outcome "ok" and measured on
 the full matrix (failed servers are COMPLETE with worst-case values, so the outcome is checked too
 in case a constraint was ever left out).  Outcome "slo" (the server ran, an SLO was missed) is
 infeasible but measured: its values are real and the figures plot them.  Picks:
@@ -31,7 +33,7 @@ from tuner.output.numbers import fmt
 from tuner.search.objectives import Objective
 from tuner.search.slo import SloTerm, check_known, term_value, total_violation
 from tuner.study import pareto
-from tuner.study.record import TrialRecord, records
+from tuner.study.record import TrialRecord, latest, records
 from tuner.study.study_record import StudyInfo
 
 PICKS = ("knee", "max-throughput", "min-ttft", "min-tpot", "slo")
@@ -62,8 +64,8 @@ def study_objectives(study: optuna.Study) -> list[Objective]:
 def feasible_front(
     trials: Sequence[TrialRecord], objectives: Sequence[Objective]
 ) -> list[TrialRecord]:
-    """The Pareto set of the feasible trials."""
-    return pareto.front([t for t in trials if t.feasible], objectives)
+    """The Pareto set of the feasible trials (a confirmed config by its confirmation)."""
+    return pareto.front([t for t in latest(trials) if t.feasible], objectives)
 
 
 def memory_headroom(trial: TrialRecord) -> float | None:
@@ -163,7 +165,7 @@ def choose(study: optuna.Study, pick: str = "knee", slo: Sequence[SloTerm] = ())
         raise UsageError(f"unknown --pick {pick!r} (choose from {', '.join(PICKS)})")
     if pick == "slo" and not slo:
         raise UsageError("--pick slo needs --slo, e.g. --slo 'ttft_p99<=2000ms,tpot_p99<=50ms'")
-    trials = records(study)
+    trials = latest(records(study))
     objectives = study_objectives(study)
     feasible = [t for t in trials if t.feasible]
     if not feasible:
@@ -188,6 +190,10 @@ def choose_trial(study: optuna.Study, number: int) -> Choice:
     match = [t for t in trials if t.number == number]
     if not match:
         raise UsageError(f"no trial {number} in study {study.study_name!r}")
+    again = [t.number for t in trials if t.confirms == number]
+    if again:
+        raise UsageError(f"trial {number} was re-run by confirmation trial {again[-1]}, whose "
+                         "runs replace it: choose that one")
     if not match[0].feasible:
         raise UsageError(f"trial {number} is not feasible (outcome {match[0].outcome})")
     return Choice(match[0], feasible_front(trials, study_objectives(study)), f"--trial {number}")

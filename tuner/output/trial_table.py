@@ -32,9 +32,11 @@ def _note(t: TrialRecord) -> str:
                      else "server default")
     if t.cached_from is not None:
         parts.append(f"copy of trial {t.cached_from}")
+    if t.confirms is not None:
+        parts.append(f"trial {t.confirms} confirmed: medians of {t.runs} runs")
     if t.measured and t.stage == Stage.SCREEN:
         parts.append("screened out: values estimated from the screening cells")
-    if t.outcome != "ok" and t.reason:
+    if t.outcome != "ok" and t.reason and not (t.confirms is not None and t.outcome == "slo"):
         parts.append(t.reason)
     text = "; ".join(parts)
     return text if len(text) <= NOTE_WIDTH else text[:NOTE_WIDTH - 3] + "..."

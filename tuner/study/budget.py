@@ -36,7 +36,7 @@ Callback = Callable[[optuna.Study, optuna.trial.FrozenTrial], None]
 
 def finished(study: optuna.Study) -> int:
     """Measured trials that finished."""
-    return sum(not t.unmeasured for t in records(study, (TrialState.COMPLETE,)))
+    return sum(t.budgeted for t in records(study, (TrialState.COMPLETE,)))
 
 
 def unmeasured_count(study: optuna.Study) -> int:
@@ -51,14 +51,14 @@ class Convergence:
     fired: str = ""
 
     def __call__(self, study: optuna.Study, trial: optuna.trial.FrozenTrial) -> None:
-        if self.fired or TrialRecord.of(trial).unmeasured or trial.state != TrialState.COMPLETE:
+        if self.fired or not TrialRecord.of(trial).budgeted or trial.state != TrialState.COMPLETE:
             return
         try:
             pick = choose(study, "knee").trial.number
         except UsageError:  # nothing feasible yet: nothing to converge on
             return
         since = sum(1 for t in records(study, (TrialState.COMPLETE,))
-                    if t.number > pick and not t.unmeasured)
+                    if t.number > pick and t.budgeted)
         if since >= self.patience:
             self.fired = (f"converged: the pick (trial {pick}) has not changed in {since} "
                           f"measured trials (--patience {self.patience}); stopped at "

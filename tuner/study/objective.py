@@ -51,9 +51,10 @@ def suggest(
 
 def counted(study: optuna.Study) -> list[rec.TrialRecord]:
     """Trials that count towards the budget: configs measured on the server, finished or being
-    run by some worker.  A pre-screen skip or a copy of an earlier result measures nothing."""
+    run by some worker.  A pre-screen skip or a copy of an earlier result measures nothing; a
+    confirmation of the pick re-runs a config already counted."""
     return [t for t in rec.records(study, (TrialState.COMPLETE, TrialState.RUNNING))
-            if not t.unmeasured]
+            if t.budgeted]
 
 
 @dataclass
@@ -123,18 +124,32 @@ def _retry_later(trial: optuna.Trial, result: TrialResult) -> tuple[float, ...]:
     return tuple(float("nan") for _ in trial.study.directions)
 
 
-def record(trial: optuna.Trial, result: TrialResult, objectives: list[Objective],
-           slo: Mapping[str, float]) -> tuple[float, ...]:
-    """Store what the trial saw and return the values Optuna gets."""
+def judge(result: TrialResult, objectives: list[Objective],
+          slo: Mapping[str, float]) -> tuple[dict[str, float], str, tuple[float, ...]]:
+    """A result's constraints, stored outcome and Optuna values.
+
+    The SLOs are judged on every run behind the metrics (`repeats`, where a config was re-run),
+    not on their medians: a config that misses its SLO one run in three is not one to deploy
+    under that SLO."""
     feasible = result.outcome.feasible
-    violations = slo_violations(result.metrics, slo) if feasible else {m: 1.0 for m in slo}
-    rec.write_constraints(trial, {"feasible": 0.0 if feasible else 1.0,
-                                  **{f"slo:{m}": float(v) for m, v in violations.items()},
-                                  **{n: float(v) for n, v in result.constraints.items()}})
+    runs = result.repeats or [result.metrics]
+    violations = ({m: max(slo_violations(r, slo)[m] for r in runs) for m in slo} if feasible
+                  else {m: 1.0 for m in slo})
+    constraints = {"feasible": 0.0 if feasible else 1.0,
+                   **{f"slo:{m}": float(v) for m, v in violations.items()},
+                   **{n: float(v) for n, v in result.constraints.items()}}
     kind = result.outcome.kind
     if feasible and any(v > 0 for v in violations.values()):
         kind = "slo"
+    values = (tuple(o.value(result.metrics) for o in objectives) if feasible
+              else tuple(o.worst() for o in objectives))
+    return constraints, kind, values
+
+
+def record(trial: optuna.Trial, result: TrialResult, objectives: list[Objective],
+           slo: Mapping[str, float]) -> tuple[float, ...]:
+    """Store what the trial saw and return the values Optuna gets."""
+    constraints, kind, values = judge(result, objectives, slo)
+    rec.write_constraints(trial, constraints)
     rec.write_result(trial, result, kind)
-    if not feasible:
-        return tuple(o.worst() for o in objectives)
-    return tuple(o.value(result.metrics) for o in objectives)
+    return values

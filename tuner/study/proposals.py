@@ -127,7 +127,7 @@ class GuidedSampler(BaseSampler):
         dead = dead_choices(trials, search_space)
         slack = avoiding(dead, self._slack_of(trials))
         # alternate by trial number: handed out atomically, so workers of one study alternate too
-        final = self._final is not None and sum(not t.unmeasured for t in trials) >= self._final
+        final = self._final is not None and sum(t.budgeted for t in trials) >= self._final
         if trial.number % 2 == 0 or final:
             local = self._local(trials, study.directions, search_space, slack, dead,
                                 start_up=len(trials) < self._startup,

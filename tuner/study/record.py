@@ -28,6 +28,7 @@ GIVEN = "given_knobs"                   # the knobs the server default set (the 
 _WORKER = "worker"
 _CACHED_FROM = "cached_from"
 _KV_VALUE = "kv_value"                  # enqueued with a KV share: the KV knob's value to run
+CONFIRMS = "confirms"                   # of a confirmation trial: the trial whose config it re-ran
 _CONSTRAINT_LIST = "constraints"    # the list `constraints_func` writes; optuna-dashboard reads it
 
 
@@ -69,6 +70,7 @@ class TrialRecord:
     config_key: str | None = None
     sim_seconds: float | None = None
     capacity_search: Mapping[str, Any] | None = None  # tuner.bench.capacity.CapacityResult.record
+    confirms: int | None = None     # the trial whose runs this one extends (trial.confirm_pick)
 
     @classmethod
     def of(cls, t: FrozenTrial) -> TrialRecord:
@@ -89,7 +91,8 @@ class TrialRecord:
             cached_from=_int(a, _CACHED_FROM), is_default=bool(a.get("is_default")),
             given=tuple(a[GIVEN]) if GIVEN in a else None,
             worker=a.get(_WORKER), config_key=a.get("config_key"),
-            sim_seconds=a.get("sim_seconds"), capacity_search=a.get("capacity_search"))
+            sim_seconds=a.get("sim_seconds"), capacity_search=a.get("capacity_search"),
+            confirms=_int(a, CONFIRMS))
 
     @property
     def sampled(self) -> list[str]:
@@ -118,6 +121,17 @@ class TrialRecord:
     def original(self) -> bool:
         """Ran a server itself, rather than copying the result of an identical config."""
         return self.cached_from is None
+
+    @property
+    def runs(self) -> int:
+        """Full-matrix runs behind the metrics: 1, or as many as the medians were taken over."""
+        return len(self.repeats) if isinstance(self.repeats, list) and self.repeats else 1
+
+    @property
+    def budgeted(self) -> bool:
+        """Counts towards `--trials`: a config measured for the search.  Not a skip or a copy
+        (`unmeasured`), nor a confirmation of the pick, which re-runs a config already counted."""
+        return not self.unmeasured and self.confirms is None
 
     @property
     def unmeasured(self) -> bool:
@@ -183,11 +197,20 @@ def enqueued_keys(study: optuna.Study) -> set[str]:
 
 
 def completed_with_key(study: optuna.Study, key: str) -> FrozenTrial | None:
-    """A COMPLETE trial that ran `key` itself (not a copy), if any."""
+    """The latest COMPLETE trial that ran `key` itself (not a copy), if any: a confirmation of
+    the config holds more runs than the trial it confirms."""
+    last = None
     for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
         if t.user_attrs.get("config_key") == key and _CACHED_FROM not in t.user_attrs:
-            return t
-    return None
+            last = t
+    return last
+
+
+def latest(trials: Sequence[TrialRecord]) -> list[TrialRecord]:
+    """`trials` without those a confirmation trial re-ran: its medians over more runs replace
+    the one run (or fewer runs) they were chosen on."""
+    confirmed = {t.confirms for t in trials if t.confirms is not None}
+    return [t for t in trials if t.number not in confirmed]
 
 
 def records(study: optuna.Study, states: Sequence[TrialState] | None = None) -> list[TrialRecord]:
@@ -218,7 +241,12 @@ def write_trial(trial: optuna.Trial, attrs: Mapping[str, Any]) -> None:
 def write_result(trial: optuna.Trial, result: TrialResult, outcome: str) -> None:
     """Store a trial's result under the record's names; `outcome` may differ from the run's
     (a run that missed an SLO is stored as "slo")."""
-    write_trial(trial, {
+    write_trial(trial, result_attrs(result, outcome))
+
+
+def result_attrs(result: TrialResult, outcome: str) -> dict[str, Any]:
+    """A result as the user attributes `write_result` stores (None values left out)."""
+    attrs = {
         "outcome": outcome, "reason": result.outcome.reason, "metrics": result.metrics,
         "cells": result.cells, "argv": result.argv, "env": result.env,
         "wall_s": round(result.wall_s, 3), "stage": result.stage,
@@ -229,7 +257,21 @@ def write_result(trial: optuna.Trial, result: TrialResult, outcome: str) -> None
         "capacity_bytes": result.capacity_bytes, "screen_metrics": result.screen_metrics,
         "estimated": result.estimated or None, "cell_order": result.cell_order,
         "repeats": result.repeats, "first_run_metrics": result.first_run_metrics,
-        "capacity_search": result.capacity_search})
+        "capacity_search": result.capacity_search}
+    return {k: v.value if isinstance(v, Enum) else v for k, v in attrs.items() if v is not None}
+
+
+def add_confirmation(study: optuna.Study, original: FrozenTrial, values: Sequence[float],
+                     constraints: Mapping[str, float], attrs: Mapping[str, Any]) -> int:
+    """Add a finished trial that re-ran `original`'s config (see `latest`); its number.  It is
+    written whole, once its runs are done: a crash before leaves nothing half-written."""
+    marks = {CONFIRMS: original.number, "config_key": original.user_attrs.get("config_key")}
+    study.add_trial(optuna.trial.create_trial(
+        params=original.params, distributions=original.distributions, values=list(values),
+        constraints=dict(constraints), user_attrs={**attrs, **marks},
+        system_attrs={_CONSTRAINT_LIST: [float(v) for v in constraints.values()]}))
+    return max(t.number for t in study.get_trials(deepcopy=False)
+               if t.user_attrs.get(CONFIRMS) == original.number)
 
 
 def claim(trial: optuna.Trial, worker: str) -> None:

@@ -12,7 +12,6 @@ the cells in the order given and honour `keep_going`.
 
 from __future__ import annotations
 
-import statistics
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from functools import cached_property
@@ -35,7 +34,7 @@ from tuner.trial.kv_calibration import measured, proven
 from tuner.trial.kv_share import KvEdge, kv_param
 from tuner.trial.memory_estimate import Estimate, Knobs, estimate, knobs_from_params
 from tuner.trial.prescreen import calibrated_runtime, decide, estimate_attr, memory_constraint
-from tuner.trial.result import KeepGoing, TrialResult
+from tuner.trial.result import KeepGoing, TrialResult, median_metrics
 from tuner.trial.run import run_trial
 from tuner.trial.stages import Verdict, metrics_of_rows, screen_verdict, stress_order
 
@@ -77,10 +76,26 @@ class AdaptivePipeline:
 
     def run(self, study: optuna.Study, params: dict[str, Any], trial_dir: Path) -> TrialResult:
         trials = records(study, (TrialState.COMPLETE,))
+        knobs, est = self._estimate(trials, params)
+        return self._noted(self._run(trials, params, trial_dir, est, knobs), est, knobs)
+
+    def rerun(self, study: optuna.Study, params: dict[str, Any], trial_dir: Path) -> TrialResult:
+        """One more full-matrix run of a config the study measured: no pre-screen (it ran), no
+        screening cells (its figures are what is being checked)."""
+        knobs, est = self._estimate(records(study, (TrialState.COMPLETE,)), params)
+        cells = stress_order(self.ctx.workload.cells, est)
+        result = self.runner(self.ctx, params, trial_dir, cells=cells)
+        result.cell_order = [c.key for c in cells]
+        return self._noted(result, est, knobs)
+
+    def _estimate(self, trials: list[TrialRecord],
+                  params: dict[str, Any]) -> tuple[Knobs, Estimate]:
         knobs = knobs_from_params(self.ctx.space, params)
-        est = estimate(self.model, knobs, list(self.ctx.workload.cells),
-                       runtime=calibrated_runtime(trials, knobs.cuda_graph))
-        result = self._run(trials, params, trial_dir, est, knobs)
+        return knobs, estimate(self.model, knobs, list(self.ctx.workload.cells),
+                               runtime=calibrated_runtime(trials, knobs.cuda_graph))
+
+    def _noted(self, result: TrialResult, est: Estimate, knobs: Knobs) -> TrialResult:
+        """The result with the memory estimate it ran under (the pre-screen learns from it)."""
         result.memory = estimate_attr(est, knobs.cuda_graph)
         result.predicted_peak_bytes = est.need
         if self.capacity is not None:
@@ -165,6 +180,5 @@ class AdaptivePipeline:
                                outcome=Outcome(rep.outcome.kind,
                                                f"repeat {i}: {rep.outcome.reason}"))
             repeats.append(rep.metrics)
-        keys = set.intersection(*(set(m) for m in repeats))
-        median = {k: float(statistics.median(m[k] for m in repeats)) for k in keys}
-        return replace(first, metrics=median, repeats=repeats, first_run_metrics=first.metrics)
+        return replace(first, metrics=median_metrics(repeats), repeats=repeats,
+                       first_run_metrics=first.metrics)

@@ -7,7 +7,8 @@ users run.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import statistics
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -49,6 +50,12 @@ class TrialResult:
     repeats: list[dict[str, float]] | None = None
     first_run_metrics: dict[str, float] | None = None
     constraints: dict[str, float] = field(default_factory=dict)  # extra Optuna constraints
+
+
+def median_metrics(runs: Sequence[Mapping[str, float]]) -> dict[str, float]:
+    """Per metric, the median over runs of one config (the metrics every run recorded)."""
+    keys = set.intersection(*(set(m) for m in runs))
+    return {k: float(statistics.median(m[k] for m in runs)) for k in keys}
 
 
 def aggregate(cells: Sequence[HasMetrics]) -> dict[str, float]:
