@@ -12,10 +12,17 @@ infeasible but measured: its values are real and the figures plot them.  Picks:
 - max-throughput / min-ttft / min-tpot: best output_throughput / p99_ttft_ms / p99_tpot_ms.
 - slo: the trials meeting every `--slo` term, then the best first objective among them.
 
-Any pick may be narrowed by `--slo`.  Candidates within TIE_RTOL of the best are tied; ties go to
-the most robust trial: most memory headroom (the record's peak_bytes or predicted_peak_bytes over
-capacity_bytes), then least spread over repeats (`repeats`: list of metric dicts, the
-coefficient of variation of the pick's metric), then the lowest trial number.
+Any pick may be narrowed by `--slo`.  Candidates within TIE_RTOL of the best are tied, and so
+is a feasible trial run more times than the best whose figures all lie within the study's
+run-to-run noise of the best's (`run_noise`: measured on the configs run more than once; a
+single run that beats a config confirmed over three by less than the runs of one config differ
+is no evidence that it is better: on an H100,
+three picks' first runs were 6-14% above their next two, and each confirmation handed the pick
+to the next single run, benchmarks/results/h100-transformers-3b-rag-r31).  Ties go to the
+most robust trial: the most runs behind its figures, then the most memory headroom (the
+record's peak_bytes or predicted_peak_bytes over capacity_bytes), then least spread over
+repeats (`repeats`: list of metric dicts, the coefficient of variation of the pick's metric),
+then the lowest trial number.
 """
 
 from __future__ import annotations
@@ -23,7 +30,7 @@ from __future__ import annotations
 import math
 import statistics
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import optuna
@@ -77,15 +84,32 @@ def memory_headroom(trial: TrialRecord) -> float | None:
     return 1.0 - peak / cap
 
 
+def _run_values(trial: TrialRecord, metric: str) -> list[float]:
+    """`metric` in each run behind the trial's figures (its repeats), where it has several."""
+    if not isinstance(trial.repeats, list):
+        return []
+    runs = [r.get("metrics", r) for r in trial.repeats if isinstance(r, dict)]
+    return [float(m[metric]) for m in runs if isinstance(m.get(metric), (int, float))]
+
+
 def repeat_spread(trial: TrialRecord, metric: str) -> float | None:
     """Coefficient of variation of `metric` over the trial's repeats, when it has them."""
-    if not isinstance(trial.repeats, list):
-        return None
-    runs = [r.get("metrics", r) for r in trial.repeats if isinstance(r, dict)]
-    values = [float(m[metric]) for m in runs if isinstance(m.get(metric), (int, float))]
+    values = _run_values(trial, metric)
     if len(values) < 2 or statistics.fmean(values) == 0:
         return None
     return statistics.pstdev(values) / abs(statistics.fmean(values))
+
+
+def run_noise(trials: Sequence[TrialRecord], metric: str) -> float:
+    """How far apart runs of one config fall in this study: over the configs run more than once,
+    the median of `metric`'s range over its runs relative to their median (TIE_RTOL at least,
+    and where no config was run twice)."""
+    spreads = []
+    for t in trials:
+        values = _run_values(t, metric)
+        if len(values) >= 2 and statistics.median(values) != 0:
+            spreads.append((max(values) - min(values)) / abs(statistics.median(values)))
+    return max(TIE_RTOL, statistics.median(spreads)) if spreads else TIE_RTOL
 
 
 def metric_value(trial: TrialRecord, metric: str, objectives: Sequence[Objective]) -> float | None:
@@ -113,11 +137,34 @@ def _knee_scores(front: Sequence[TrialRecord], objectives: Sequence[Objective]) 
     return {n: math.sqrt(d) for n, d in dist.items()}
 
 
-def _robust_key(trial: TrialRecord, metric: str) -> tuple[float, float, int]:
+def _robust_key(trial: TrialRecord, metric: str) -> tuple[int, float, float, int]:
     room = memory_headroom(trial)
     spread = repeat_spread(trial, metric)
-    return (-(room if room is not None else -math.inf), spread if spread is not None else math.inf,
-            trial.number)
+    return (-trial.runs, -(room if room is not None else -math.inf),
+            spread if spread is not None else math.inf, trial.number)
+
+
+def _surest(tied: list[TrialRecord], pick: str,
+            objectives: list[Objective]) -> list[TrialRecord]:
+    """Of tied trials, those run the most times; where those are several and each was run
+    more than once, the best of them by `pick` on their medians (and its own ties)."""
+    most = max(t.runs for t in tied)
+    surest = [t for t in tied if t.runs == most]
+    if most == 1 or len(surest) == 1:
+        return surest
+    scores, _, tol = _scores(pick, surest, objectives)
+    best = min(scores.values())
+    return [t for t in surest if t.number in scores and scores[t.number] <= best + tol]
+
+
+def _within_noise(trial: TrialRecord, lead: TrialRecord, noise: Mapping[str, float],
+                  objectives: Sequence[Objective]) -> bool:
+    """Whether `trial`'s figures are all within the study's run-to-run noise of `lead`'s."""
+    for metric, rel in noise.items():
+        a, b = metric_value(trial, metric, objectives), metric_value(lead, metric, objectives)
+        if a is None or b is None or abs(a - b) > rel * abs(b):
+            return False
+    return True
 
 
 def explain_infeasible(trials: Sequence[TrialRecord]) -> str:
@@ -176,11 +223,22 @@ def choose(study: optuna.Study, pick: str = "knee", slo: Sequence[SloTerm] = ())
     front = pareto.front(feasible, objectives)
     scores, metric, tol = _scores(pick, front, objectives)
     best = min(scores.values())
+    lead = min((t for t in front if scores.get(t.number) == best), key=lambda t: t.number)
+    noise = {m: run_noise(trials, m)
+             for m in ([o.metric for o in objectives] if pick == "knee" else [metric])}
     tied = [t for t in front if t.number in scores and scores[t.number] <= best + tol]
+    tied += [t for t in feasible if t not in tied and t.runs > lead.runs
+             and _within_noise(t, lead, noise, objectives)]
+    tied = _surest(tied, pick, objectives)
     winner = min(tied, key=lambda t: _robust_key(t, metric))
     within = f" within --slo {','.join(map(str, slo))}" if slo else ""
     rule = f"{pick}{within}" + (
         f", tie of {len(tied)} broken by robustness" if len(tied) > 1 else "")
+    if winner.runs > lead.runs:
+        rule += (f"; its {winner.runs} runs are within the run-to-run noise ("
+                 + ", ".join(f"{m} {100 * r:.0f}%" for m, r in noise.items())
+                 + f") of trial {lead.number}'s "
+                 + ("single run" if lead.runs == 1 else f"{lead.runs} runs"))
     return Choice(winner, front, rule)
 
 
