@@ -8,6 +8,7 @@ from optuna.distributions import CategoricalDistribution, IntDistribution
 from tuner.bench.records import Cell
 from tuner.search.space import Param
 from tuner.study.open_caps import (
+    bisected_caps,
     cap_targets,
     in_flight,
     opened_caps,
@@ -112,3 +113,22 @@ def test_an_open_cap_whose_config_ran_healthy_at_any_pool_is_not_proposed_again(
     assert untested(cands, [_ran({**raised, "kv": 10367}, "oom")], "kv") == cands
     assert untested(cands, [_ran({**raised, "kv": 9327}, "ok")], "kv") == cands[1:]
     assert untested(cands, [_ran({**raised, "kv": 9327}, "slo")], "kv") == cands[1:]
+
+
+def test_a_cap_whose_raise_failed_is_bisected_between_the_incumbent_and_the_failure():
+    """Round 31 (Mistral-7B / A100 80 GB): long prompts per step 5 ran, 8 missed the median
+    TTFT SLO, and 6 and 7 were never tried."""
+    dists = {"long": IntDistribution(1, 8), "batch": IntDistribution(1, 128, log=True),
+             "graph": CategoricalDistribution([False, True])}
+    top = {"long": 5, "batch": 128, "graph": True, "kv": 9000}
+    base = {k: top[k] for k in dists}
+    failed = _ran({**top, "long": 8, "kv": 9500}, "slo")
+    assert bisected_caps(top, ["long", "batch"], dists, [failed], "kv") == [{**base, "long": 7}]
+    # the bracket narrows with each failure; nothing is left between 5 and 6
+    assert bisected_caps(top, ["long"], dists, [failed, _ran({**top, "long": 7}, "oom")],
+                         "kv") == [{**base, "long": 6}]
+    assert bisected_caps(top, ["long"], dists, [_ran({**top, "long": 6}, "slo")], "kv") == []
+    # a failure with other knobs, or a healthy raise, brackets nothing
+    other = _ran({**top, "long": 8, "graph": False}, "slo")
+    assert bisected_caps(top, ["long"], dists, [other, _ran({**top, "long": 8}, "ok")],
+                         "kv") == []

@@ -72,7 +72,13 @@ from tuner.study.local_moves import (
     neighbour,
     pattern_move,
 )
-from tuner.study.open_caps import cap_targets, opened_caps, raised_budgets, untested
+from tuner.study.open_caps import (
+    bisected_caps,
+    cap_targets,
+    opened_caps,
+    raised_budgets,
+    untested,
+)
 from tuner.study.pool_trades import floor_relief, pool_trade, reliefs, trades_of
 from tuner.study.record import KV_SHARE, TrialRecord, records
 from tuner.trial.kv_share import KvEdge
@@ -250,7 +256,8 @@ class GuidedSampler(BaseSampler):
                  directions: Sequence[Any], search_space: dict[str, BaseDistribution],
                  slack: Slack) -> Local | None:
         """A trade of `top` that ran below its own edge, at that edge, else a pool trade
-        (`tuner.study.pool_trades`), else an open cap, else a raised budget
+        (`tuner.study.pool_trades`), else an open cap or one bisected against the value that
+        failed above it, else a raised budget
         (`tuner.study.open_caps`), else an ascent move (`_ascent`), then the pattern move,
         else a random neighbour that fits."""
         fresh = fresh_in(trials, self._edge)
@@ -262,10 +269,10 @@ class GuidedSampler(BaseSampler):
         if move is not None and not fresh(move, slack):
             move = None
         if move is None and self._edge is not None:
-            opened = untested(opened_caps(top.params, cap_targets(self._edge.space, top.params,
-                                                                  self._edge.cells),
-                                          search_space),
+            caps = cap_targets(self._edge.space, top.params, self._edge.cells)
+            opened = untested(opened_caps(top.params, caps, search_space),
                               trials, self._edge.param.name)
+            opened += bisected_caps(top.params, caps, search_space, trials, self._edge.param.name)
             move = next((c for c in opened if fresh(c, slack)), None)
         if move is None:
             if (raised := self._raised_budget(top, trials, search_space, slack)) is not None:
