@@ -34,8 +34,8 @@ def result_lines(study: optuna.Study, choice: Choice, cfg: ExportConfig) -> list
     def values(rec: object) -> dict[str, float]:
         return {o.metric: v for o, v in zip(objectives, getattr(rec, "values", None) or ())}
 
-    base = choice.rule.replace(",", " ").split()[0]
-    extra = choice.rule[len(base):].strip(" ,")
+    base = choice.rule.replace(",", " ").replace(";", " ").split()[0]
+    extra = choice.rule[len(base):].strip(" ,;")
     why = _WHY.get(base, base) + (f"; {extra}" if extra else "")
     lines = [f"result: trial {t.number}: {metric_text(values(t))}", f"  why: {why}",
              f"  {vs_default_line(t, default_trial(records(study)), objectives)}"]
