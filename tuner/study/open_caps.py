@@ -49,8 +49,9 @@ flight, a cap may cross an SLO (or the memory) that a value between holds.  On t
 rose with the long prompts prefilled per step, 2 -> 7 from 0.80 to 1.00 of the best, and 8,
 their count in flight, missed the SLO; seeds sat at 4 or 5 with 8 tried and refused, and no
 move tried 6 or 7.  So where a cap raised above the incumbent's value, the other knobs (pool
-aside) the incumbent's, missed an SLO or ran out of memory, the value midway between is tried;
-each run narrows the bracket, as the KV pool's bisection against the memory edge does.
+aside) the incumbent's, missed an SLO or ran out of memory, the value midway between is tried,
+before any other cap is opened: each run narrows the bracket, as the KV pool's bisection
+against the memory edge does.
 """
 
 from __future__ import annotations

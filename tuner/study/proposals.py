@@ -256,8 +256,8 @@ class GuidedSampler(BaseSampler):
                  directions: Sequence[Any], search_space: dict[str, BaseDistribution],
                  slack: Slack) -> Local | None:
         """A trade of `top` that ran below its own edge, at that edge, else a pool trade
-        (`tuner.study.pool_trades`), else an open cap or one bisected against the value that
-        failed above it, else a raised budget
+        (`tuner.study.pool_trades`), else a cap bisected against the value that failed above
+        it, else an open cap, else a raised budget
         (`tuner.study.open_caps`), else an ascent move (`_ascent`), then the pattern move,
         else a random neighbour that fits."""
         fresh = fresh_in(trials, self._edge)
@@ -270,9 +270,9 @@ class GuidedSampler(BaseSampler):
             move = None
         if move is None and self._edge is not None:
             caps = cap_targets(self._edge.space, top.params, self._edge.cells)
-            opened = untested(opened_caps(top.params, caps, search_space),
-                              trials, self._edge.param.name)
-            opened += bisected_caps(top.params, caps, search_space, trials, self._edge.param.name)
+            opened = bisected_caps(top.params, caps, search_space, trials, self._edge.param.name)
+            opened += untested(opened_caps(top.params, caps, search_space),
+                               trials, self._edge.param.name)
             move = next((c for c in opened if fresh(c, slack)), None)
         if move is None:
             if (raised := self._raised_budget(top, trials, search_space, slack)) is not None:
