@@ -41,10 +41,6 @@ class Confirmation:
     outcome: str
     runs: int
 
-    @property
-    def held(self) -> bool:
-        return self.outcome == "ok"
-
 
 def confirm_pick(study: optuna.Study, pipeline: AdaptivePipeline, runs: int, trials_dir: Path,
                  pick: str = "knee", log: Callable[[str], None] = print) -> list[Confirmation]:
