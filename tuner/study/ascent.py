@@ -52,7 +52,7 @@ def ascent_move(trials: Sequence[TrialRecord], directions: Sequence[StudyDirecti
             and all(k in t.params for k in space)]
     if len(runs) < MIN_RUNS:
         return None
-    merit = _ranks([_merit(t, sign) for t in runs])
+    merit = ranks([_merit(t, sign) for t in runs])
     top = runs[max(range(len(runs)), key=lambda i: merit[i])]
     base = {k: top.params[k] for k in space}
     move = dict(base)
@@ -60,7 +60,7 @@ def ascent_move(trials: Sequence[TrialRecord], directions: Sequence[StudyDirecti
         if name == KV_SHARE or dist.single() or not isinstance(dist, (IntDistribution,
                                                                       FloatDistribution)):
             continue
-        rho = _pearson(_ranks([position(t.params[name], dist) for t in runs]), merit)
+        rho = pearson(ranks([position(t.params[name], dist) for t in runs]), merit)
         if abs(rho) > 2 / math.sqrt(len(runs)):
             move[name] = shift(move[name], dist, math.copysign(STEP_SCALE, rho))
     return (top.number, move) if move != base else None
@@ -73,7 +73,7 @@ def _merit(t: TrialRecord, sign: float) -> tuple[int, float]:
     return 0, -sum(max(0.0, v) for k, v in t.constraints.items() if k.startswith("slo:"))
 
 
-def _ranks(values: Sequence[Any]) -> list[float]:
+def ranks(values: Sequence[Any]) -> list[float]:
     """Ranks from 0, ties at their mean rank."""
     order = sorted(range(len(values)), key=lambda i: values[i])
     out = [0.0] * len(values)
@@ -88,7 +88,7 @@ def _ranks(values: Sequence[Any]) -> list[float]:
     return out
 
 
-def _pearson(xs: Sequence[float], ys: Sequence[float]) -> float:
+def pearson(xs: Sequence[float], ys: Sequence[float]) -> float:
     """Pearson's correlation; 0 when either side does not vary."""
     n = len(xs)
     mx, my = sum(xs) / n, sum(ys) / n

@@ -72,6 +72,7 @@ from tuner.study.local_moves import (
     neighbour,
     pattern_move,
 )
+from tuner.study.miss_descent import descent_moves, policies
 from tuner.study.open_caps import (
     bisected_caps,
     cap_targets,
@@ -313,8 +314,8 @@ class GuidedSampler(BaseSampler):
         """While no run has met the SLOs: the start-up corner again where it ran out of memory
         and the study has a waiting-time SLO (`tuner.study.design.corner_retry`,
         `tuner.study.edge_pushes.waits`), else a waiting trade
-        (`tuner.study.edge_pushes.waiting_trade`), else an ascent from the run that missed
-        least."""
+        (`tuner.study.edge_pushes.waiting_trade`), else a descent on the least miss
+        (`tuner.study.miss_descent`), else an ascent from the run that missed least."""
         fresh = fresh_in(trials, self._edge)
         if waits(trials):
             retry = design.corner_retry(trials, search_space, self._limits)
@@ -323,6 +324,12 @@ class GuidedSampler(BaseSampler):
             trade = waiting_trade(trials, self._edge, search_space)
             if trade is not None and fresh(trade, slack):
                 return trade, None
+        # what a step holds: the knobs a descent on the least miss moves
+        steps = {*self._limits, *self._budgets,
+                 *(policies(self._edge.space) if self._edge is not None else ())}
+        for cand in descent_moves(trials, search_space, steps):
+            if fresh(cand, slack):
+                return cand, None
         move = self._ascent(trials, directions, search_space, lambda c: fresh(c, slack))
         return None if move is None else (move, None)
 

@@ -1,0 +1,69 @@
+"""The descent on the least miss, while no run has met the SLOs."""
+
+import optuna
+from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution
+
+from tuner.study.miss_descent import descent_moves
+from tuner.study.record import TrialRecord
+
+SPACE = {"cap": IntDistribution(1, 128, log=True), "y": FloatDistribution(0.0, 1.0),
+         "first": CategoricalDistribution([False, True])}
+STEPS = ("cap", "first")   # what a step holds; y is not among them
+
+
+def _run(number: int, params: dict, ttft: float, tpot: float,
+         outcome: str = "slo") -> TrialRecord:
+    """A healthy run; `ttft` and `tpot` are its values over their limits (1.0: at the limit)."""
+    t = optuna.trial.create_trial(
+        params=params, distributions={k: SPACE[k] for k in params}, values=[100.0],
+        user_attrs={"outcome": outcome},
+        constraints={"slo:median_ttft_ms": ttft - 1.0, "slo:p99_tpot_ms": tpot - 1.0})
+    t.number = number
+    return TrialRecord.of(t)
+
+
+def test_the_choice_the_miss_goes_with_is_flipped_first_from_the_run_that_missed_least():
+    """Decode-first on: TTFT fivefold over its limit; off: TPOT over its limit.  The run that
+    missed least (2: TTFT 4x, the others 5x and 16x) has it on, and having it on ranks with a
+    larger TTFT in every run, so the first move turns it off; cap ranks less closely."""
+    runs = [_run(0, {"cap": 64, "y": 0.5, "first": False}, ttft=0.2, tpot=16.0),
+            _run(1, {"cap": 128, "y": 0.1, "first": True}, ttft=5.0, tpot=0.5),
+            _run(2, {"cap": 11, "y": 0.9, "first": True}, ttft=4.0, tpot=0.9)]
+    moves = descent_moves(runs, SPACE, STEPS)
+    assert moves[0] == {"cap": 11, "y": 0.9, "first": False}
+    assert all(sum(m[k] != runs[2].params[k] for k in SPACE) == 1 for m in moves)
+
+
+def test_a_number_moves_halfway_to_the_end_that_goes_with_a_smaller_miss():
+    """The larger the cap, the larger the TTFT miss: the cap of the run that missed least (16)
+    falls halfway to the bottom of its log range (4).  y ranks with the miss as closely and
+    is not moved: it is not among the knobs of what a step holds."""
+    runs = [_run(i, {"cap": cap, "y": y, "first": False}, ttft=t, tpot=0.5)
+            for i, (cap, y, t) in enumerate([(16, 0.4, 1.1), (64, 0.6, 1.5), (128, 0.9, 3.0)])]
+    moves = descent_moves(runs, SPACE, STEPS)
+    assert moves == [{"cap": 4, "y": 0.4, "first": False}]
+    assert descent_moves(runs, SPACE, STEPS + ("y",))[1] == {"cap": 16, "y": 0.2, "first": False}
+
+
+def test_nothing_to_descend_from_with_too_few_runs_or_no_miss_that_varies():
+    runs = [_run(i, {"cap": 2 ** i, "y": 0.5, "first": False}, ttft=2.0, tpot=0.5)
+            for i in range(3)]
+    assert descent_moves(runs[:2], SPACE, STEPS) == []      # two runs rank nothing
+    assert descent_moves(runs, SPACE, STEPS) == []          # every run missed alike
+    oom = _run(3, {"cap": 1, "y": 0.5, "first": True}, ttft=0.0, tpot=0.0, outcome="oom")
+    assert descent_moves([*runs[:2], oom], SPACE, STEPS) == []   # only healthy runs count
+
+
+def test_a_knob_is_moved_once_from_a_run_and_never_by_a_sliver():
+    """Run 3 changed cap alone from run 0, the run that missed least, and missed as much: cap
+    is measured there, the next move is the other knob.  A cap at 2 of [1, 128] would fall
+    halfway to 1, a sliver of its range: not a move."""
+    runs = [_run(0, {"cap": 64, "y": 0.5, "first": False}, ttft=1.1, tpot=0.5),
+            _run(1, {"cap": 128, "y": 0.5, "first": True}, ttft=3.0, tpot=0.5),
+            _run(2, {"cap": 100, "y": 0.5, "first": True}, ttft=2.0, tpot=0.5)]
+    assert [m["cap"] for m in descent_moves(runs, SPACE, STEPS)][:1] == [8]
+    again = [*runs, _run(3, {"cap": 8, "y": 0.5, "first": False}, ttft=1.1, tpot=0.5)]
+    assert descent_moves(again, SPACE, STEPS) == []   # first: False goes with the smaller miss
+    low = [_run(i, {"cap": cap, "y": 0.5, "first": False}, ttft=t, tpot=0.5)
+           for i, (cap, t) in enumerate([(2, 1.1), (64, 1.5), (128, 3.0)])]
+    assert descent_moves(low, SPACE, STEPS) == []

@@ -1,0 +1,129 @@
+"""While no run has met the SLOs: the run that missed least, with the one knob of what a step
+holds that the runs so far tie most closely to its miss moved the way that lowers it (a descent
+on the miss).
+
+Why: until a run meets the SLOs there is no incumbent, and the local moves have nothing to
+start from.  The waiting trade cures only a miss a larger pool can cure, and the ascent
+(`tuner.study.ascent`) waits for five healthy runs and then moves every number that ranks with
+the merit, which mixes the SLOs a run missed with those it met.  On the Mistral-7B / A100 80 GB
+scenario of benchmarks/search_efficiency.py (16k prompts beside 128 chat requests, median TTFT
+<= 5 s and p99 TPOT <= 80 ms; round 31) 5 of 10 seeds ended 10 trials with nothing feasible.
+In two of them the start-up point with every cap open missed the TTFT SLO by 3% at the best
+throughput of the study (1508 tok/s, the best known is 1501): one long prompt fewer per step
+met it.  In three the same point had decode-first on and missed the median TTFT fivefold (25 s:
+new requests wait for the running decodes); the next proposals copied that choice from it,
+the run that missed least.
+
+So the miss of the run that missed least (the log of value over limit of the SLO it missed
+most) is ranked against each knob over the healthy runs: a number by its position in its range,
+a choice by whether a run has it.  The knob with the strongest rank correlation moves; a number
+halfway from its value to the end of its range that goes with a smaller miss, a choice to the
+one that goes with it.  One knob at a time keeps the answer readable: the run of the move says
+whether that knob cures the miss, and a move that missed less becomes the next run to descend
+from.  A knob is moved once from a run (a run that changed it alone from there measured it),
+and a number is not moved by less than `MIN_MOVE` of its range: halfway to an end it nearly
+sits at is the same config again (on the Mistral scenario a 1051-token budget went to 1037,
+and the run missed exactly as before).
+
+Only the knobs that decide what one step holds move: the request caps and the long-context
+guard (`SearchSpace.limits`), the token budgets (`SearchSpace.budgets`) and the choice of which
+requests go first (`POLICY_ROLES`).  A latency SLO is missed by what the steps hold: requests
+that wait for a cap, decodes that wait behind a long prefill, prefills that wait behind
+decodes.  Block size, CUDA graphs or prefix caching change how fast a step runs, and over a few
+runs a choice seen once ranks with whatever else that run had: on the Mistral scenario, moved
+too, every seed's last four turns went to block sizes and graph flips of the run that missed by
+3%, and none lowered its long-context cap (10 trials: 5 of 10 seeds still found nothing).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Collection, Mapping, Sequence
+from typing import Any
+
+from optuna.distributions import (
+    BaseDistribution,
+    CategoricalDistribution,
+    FloatDistribution,
+    IntDistribution,
+)
+
+from tuner.search.space import SearchSpace
+from tuner.study.ascent import pearson, ranks
+from tuner.study.design import level
+from tuner.study.local_moves import STEP_SCALE, position
+from tuner.study.record import KV_SHARE, TrialRecord
+
+MIN_RUNS = 3    # fewer healthy runs rank nothing
+MIN_MOVE = STEP_SCALE / 2   # a number nearer than this share of its range to its end stays
+POLICY_ROLES = ("decode_first",)   # choices of which requests a step takes first
+
+
+def policies(space: SearchSpace) -> list[str]:
+    """The knobs of `space` that choose which requests one step takes first."""
+    return [p.name for p in space.parameters if p.role in POLICY_ROLES]
+
+
+def descent_moves(trials: Sequence[TrialRecord], space: Mapping[str, BaseDistribution],
+                  steps: Collection[str]) -> list[dict[str, Any]]:
+    """The moves of the run that missed its SLOs least, one of the `steps` knobs each (what a
+    step holds), strongest correlation first (see module doc); none with fewer than
+    `MIN_RUNS` healthy runs or where the runs do not vary."""
+    runs = [t for t in trials if t.outcome == "slo" and t.original and t.values is not None
+            and all(k in t.params for k in space)]
+    if len(runs) < MIN_RUNS:
+        return []
+    base = min(runs, key=lambda t: (_worst(t)[1], t.number))
+    metric = _worst(base)[0]
+    miss = ranks([_excess(t, metric) for t in runs])
+    tried = _tried(base, runs, [k for k in space if k != KV_SHARE])
+    scored: list[tuple[float, str, dict[str, Any]]] = []
+    for name, dist in space.items():
+        if name not in steps or name in tried or dist.single():
+            continue
+        for strength, value in _ways(name, dist, runs, miss, base.params[name]):
+            scored.append((-strength, name, {**{k: base.params[k] for k in space}, name: value}))
+    return [move for _, _, move in sorted(scored, key=lambda s: s[:2])]
+
+
+def _ways(name: str, dist: BaseDistribution, runs: Sequence[TrialRecord],
+          miss: Sequence[float], value: Any) -> list[tuple[float, Any]]:
+    """(strength, new value) for each way to move knob `name` from `value` that goes with a
+    smaller miss over `runs`."""
+    if isinstance(dist, CategoricalDistribution):
+        out = []
+        for choice in dist.choices:
+            if choice == value:
+                continue
+            rho = pearson(ranks([float(t.params[name] == choice) for t in runs]), miss)
+            if rho < 0:
+                out.append((-rho, choice))
+        return out
+    assert isinstance(dist, (IntDistribution, FloatDistribution))
+    rho = pearson(ranks([position(t.params[name], dist) for t in runs]), miss)
+    if rho == 0:
+        return []
+    here = position(value, dist)
+    moved = level(dist, here / 2 if rho > 0 else (1 + here) / 2)
+    return [] if abs(position(moved, dist) - here) < MIN_MOVE else [(abs(rho), moved)]
+
+
+def _tried(base: TrialRecord, runs: Sequence[TrialRecord], names: Sequence[str]) -> set[str]:
+    """The knobs a run changed alone from `base` (pool aside): their move has been measured."""
+    out = set()
+    for t in runs:
+        diff = [k for k in names if t.params[k] != base.params[k]]
+        if len(diff) == 1:
+            out.add(diff[0])
+    return out
+
+
+def _excess(t: TrialRecord, metric: str) -> float:
+    """How far `t` is from the limit of `metric`: log of value over limit (< 0 under it)."""
+    return math.log(max(1e-9, 1.0 + t.constraints.get(metric, 0.0)))
+
+
+def _worst(t: TrialRecord) -> tuple[str, float]:
+    """The SLO `t` missed most, and by how much (`_excess`)."""
+    slos = [(k, _excess(t, k)) for k in t.constraints if k.startswith("slo:")]
+    return max(slos, key=lambda s: s[1], default=("", 0.0))
