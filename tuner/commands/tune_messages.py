@@ -10,7 +10,7 @@ from optuna.trial import TrialState
 
 from tuner.output.knob_check import describe, knob_report
 from tuner.search.space import SearchSpace
-from tuner.study.record import Stage, TrialRecord, records
+from tuner.study.record import Stage, TrialRecord, latest, records
 from tuner.trial.kv_share import peak_demand
 from tuner.trial.pipeline import AdaptivePipeline
 
@@ -53,9 +53,15 @@ def progress_text(study: optuna.Study, trial: optuna.trial.FrozenTrial, metric: 
 
 
 def print_summary(study: optuna.Study) -> None:
+    """Outcome counts of the finished configs: a confirmation trial stands for the trial it
+    re-ran (`tuner.study.record.latest`), so a pick that did not hold is not counted ok."""
     counts: dict[str, int] = {}
-    for t in records(study, (TrialState.COMPLETE,)):
+    done = records(study, (TrialState.COMPLETE,))
+    for t in latest(done):
         kind = "screened out" if t.stage == Stage.SCREEN else t.outcome
         counts[kind] = counts.get(kind, 0) + 1
-    print("outcomes: " + ", ".join(f"{k}={v}" for k, v in sorted(counts.items())))
+    confirmed = sum(t.confirms is not None for t in done)
+    print("outcomes: " + ", ".join(f"{k}={v}" for k, v in sorted(counts.items()))
+          + (f" (confirmations counted in place of the trials they re-ran: {confirmed})"
+             if confirmed else ""))
     print(describe(knob_report(study)))
