@@ -82,6 +82,10 @@ def table(a: dict[str, Any], b: dict[str, Any], names: tuple[str, str]) -> list[
         runs_b = b["runs"][sc]
         ref = max([v[-1] for v in (*runs_a.values(), *runs_b.values())]
                   + [a["truths"].get(sc, 0.0)])
+        if ref <= 0:
+            lines.append(f"{sc}: nothing feasible in any study of either revision, "
+                         f"{len(runs_a)} seeds")
+            continue
         lines.append(f"{sc}: reference {ref:.1f} tok/s, {len(runs_a)} seeds")
         for i, budget in enumerate(BUDGETS):
             cols, per = [], []
