@@ -75,19 +75,19 @@ LONG_CAP_ROLE = "long_max_batch"   # counts of long requests
 RAISE_STEPS = 10   # bisection steps of a raised budget: 1/1024 of the range
 
 
-def _held(cell: Cell) -> int:
+def held(cell: Cell) -> int:
     """The requests `cell` keeps in flight at once."""
     return min(cell.concurrency, cell.num_prompts or cell.concurrency)
 
 
 def in_flight(cells: Sequence[Cell]) -> int:
     """The most requests one cell of the matrix keeps in flight (0 without cells)."""
-    return max((_held(c) for c in cells), default=0)
+    return max((held(c) for c in cells), default=0)
 
 
 def prompt_tokens(cells: Sequence[Cell]) -> int:
     """The most prompt tokens one cell of the matrix has in flight (0 without cells)."""
-    return max((_held(c) * c.input_len for c in cells), default=0)
+    return max((held(c) * c.input_len for c in cells), default=0)
 
 
 def request_caps(space: SearchSpace) -> list[str]:

@@ -1,0 +1,56 @@
+"""What one step can hold, per cell of the matrix, under a config: two configs of one shape
+differ only in caps and budgets that bind in no cell.
+
+Why: a cap on the requests of a step above what the step can hold anyway does nothing.  A
+decode cap of 17 or 47 beside a batch cap of 14 decodes 14 requests; a prefill budget of 6403
+or 2561 tokens beside a prefill cap of 10 and 128-token prompts prefills 1280.  On the
+Qwen2.5-7B / RTX 3090 scenario of benchmarks/search_efficiency.py (p99 TPOT <= 60 ms, round
+33) the descent on the least miss (`tuner.study.miss_descent`) spent three of one 10-trial
+study's ten runs on such moves, each measuring exactly the run it moved from, and the study
+ended with nothing feasible where round 31's had found 729 tok/s.
+
+The shape follows the admission rules `tuner.trial.memory_estimate.cell_forward` reads the
+knobs by (roles, not names): a step prefills at most the requests a cell keeps in flight, the
+batch and prefill caps, and, for requests the long-context guard calls long, its cap; it
+decodes at most those in flight, the batch and decode caps and the guard's; its prompt tokens
+are those requests' prompts.  It errs towards "different": the decode-first choice is part of
+the shape wherever it is set, the step's decodes count against a token budget (as vLLM's
+does), a budget the server checks at start-up (its forward is reserved, `checked_token_budget`)
+is always part of it, and so are the budget and the guard for a cell drawn from a dataset or a
+trace, whose prompt lengths vary.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Hashable, Mapping, Sequence
+from typing import Any
+
+from tuner.bench.records import Cell
+from tuner.search.space import SearchSpace
+from tuner.study.open_caps import held
+from tuner.trial.memory_estimate import Knobs, knobs_from_params
+
+
+def step_shape(space: SearchSpace, params: Mapping[str, Any],
+               cells: Sequence[Cell]) -> Hashable:
+    """The requests and prompt tokens one step of each of `cells` can hold under `params`,
+    and the choices that decide which go first (see module doc)."""
+    k = knobs_from_params(space, dict(params))
+    return k.decode_first, tuple(_cell_shape(k, c) for c in cells)
+
+
+def _cell_shape(k: Knobs, cell: Cell) -> tuple[Any, ...]:
+    n = held(cell)
+    traced = cell.source is not None
+    length = cell.input_len + (cell.output_len if k.long_use_total_len else 0)
+    long = k.long_threshold is not None and length >= int(k.long_threshold)
+    guard = (k.long_max_batch or math.inf) if long or traced else math.inf
+    prefill = min(n, k.prefill_limit, guard)
+    decode = min(n, k.decode_limit, guard)
+    tokens: float = prefill * cell.input_len + n
+    if k.token_budget is not None:
+        raw = k.budget_checked or traced
+        tokens = k.token_budget if raw else min(int(k.token_budget), tokens)
+    threshold = (k.long_threshold, k.long_use_total_len) if traced else long
+    return prefill, decode, tokens, threshold
