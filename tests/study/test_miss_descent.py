@@ -68,18 +68,3 @@ def test_a_knob_is_moved_once_from_a_run_and_never_by_a_sliver():
            for i, (cap, t) in enumerate([(2, 1.1), (64, 1.5), (128, 3.0)])]
     assert descent_moves(low, SPACE, STEPS) == []
 
-
-def test_a_move_that_leaves_what_a_step_holds_as_it_was_is_not_made():
-    """With a shape in which a cap above 32 holds nothing back (32 requests in flight), the
-    cap of the run that missed least (33) rising to 65 would be that run again; falling
-    would not."""
-    rising = [_run(i, {"cap": cap, "y": i / 4, "first": False}, ttft=t, tpot=0.5)
-              for i, (cap, t) in enumerate([(33, 1.1), (16, 1.5), (4, 3.0)])]
-
-    def shape(params):
-        return min(params["cap"], 32), params["first"]
-    assert [m["cap"] for m in descent_moves(rising, SPACE, STEPS)] == [65]
-    assert descent_moves(rising, SPACE, STEPS, shape) == []
-    falling = [_run(i, {"cap": cap, "y": i / 4, "first": False}, ttft=t, tpot=0.5)
-               for i, (cap, t) in enumerate([(33, 1.1), (64, 1.5), (128, 3.0)])]
-    assert [m["cap"] for m in descent_moves(falling, SPACE, STEPS, shape)] == [6]

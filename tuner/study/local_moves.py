@@ -30,7 +30,8 @@ from optuna.distributions import (
 )
 from optuna.study import StudyDirection
 
-from tuner.study.record import KV_SHARE, TrialRecord, config_key, knobs_key
+from tuner.study.record import KV_SHARE, TrialRecord, config_key
+from tuner.study.step_shape import behaviour_key
 from tuner.trial.kv_share import EDGE_TOL, KvEdge
 
 MAX_CHANGES = 2
@@ -166,13 +167,22 @@ def fresh_in(trials: Sequence[TrialRecord],
     a little with each run, so one share renders a few blocks apart from turn to turn, and
     on the Qwen2.5-7B / RTX 3090 decode scenario of benchmarks/search_efficiency.py (round
     31, seed 3) a 40-trial study spent its last seven turns on one config at 38.0k-38.9k
-    tokens, each a pool not run yet, all at 887-890 tok/s."""
+    tokens, each a pool not run yet, all at 887-890 tok/s.  So are knobs that leave what a
+    step can hold in every cell as it was (`tuner.study.step_shape.behaviour_key`): on the
+    Mistral-7B / A100 80 GB scenario (round 33, seed 6) five of a 30-trial study's last ten
+    turns were a prefill cap opened beside a token budget that held two prompts, or a
+    long-context threshold or total-length flag that called no prompt long either way, each
+    measuring its run again to the token."""
     seen = {config_key(t.params) for t in trials}
     name = edge.param.name if edge is not None else None
+
+    def behaviour(params: Mapping[str, Any]) -> str:
+        assert edge is not None and name is not None
+        return behaviour_key(edge.space, params, edge.cells, name)
     pools: dict[str, list[int]] = {}
     for t in trials:
         if name is not None and name in t.params:
-            pools.setdefault(knobs_key(t.params, name), []).append(int(t.params[name]))
+            pools.setdefault(behaviour(t.params), []).append(int(t.params[name]))
 
     def fresh(cand: dict[str, Any], fits: Callable[[dict[str, Any]], float],
               pool: int | None = None) -> bool:
@@ -184,7 +194,7 @@ def fresh_in(trials: Sequence[TrialRecord],
         if name is not None and name in full:
             value = int(full[name])
             if any(abs(value - ran) <= EDGE_TOL * max(value, ran)
-                   for ran in pools.get(knobs_key(full, name), ())):
+                   for ran in pools.get(behaviour(full), ())):
                 return False
         return config_key(full) not in seen and fits(cand) >= 0
     return fresh

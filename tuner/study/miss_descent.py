@@ -23,9 +23,9 @@ whether that knob cures the miss, and a move that missed less becomes the next r
 from.  A knob is moved once from a run (a run that changed it alone from there measured it),
 and a number is not moved by less than `MIN_MOVE` of its range: halfway to an end it nearly
 sits at is the same config again (on the Mistral scenario a 1051-token budget went to 1037,
-and the run missed exactly as before).  Nor is a knob moved where the move leaves what a step can
-hold in every cell as it was (`tuner.study.step_shape`): a decode cap raised above the batch
-cap beside it is that run again.
+and the run missed exactly as before).  A move that leaves what a step can hold in every cell
+as it was (a decode cap raised above the batch cap beside it) is that run again, and the
+proposals pass it by (`tuner.study.local_moves.fresh_in`).
 
 Only the knobs that decide what one step holds move: the request caps and the long-context
 guard (`SearchSpace.limits`), the token budgets (`SearchSpace.budgets`) and the choice of which
@@ -40,7 +40,7 @@ too, every seed's last four turns went to block sizes and graph flips of the run
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Collection, Hashable, Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
 from optuna.distributions import (
@@ -67,14 +67,10 @@ def policies(space: SearchSpace) -> list[str]:
 
 
 def descent_moves(trials: Sequence[TrialRecord], space: Mapping[str, BaseDistribution],
-                  steps: Collection[str],
-                  shape: Callable[[Mapping[str, Any]], Hashable] | None = None
-                  ) -> list[dict[str, Any]]:
+                  steps: Collection[str]) -> list[dict[str, Any]]:
     """The moves of the run that missed its SLOs least, one of the `steps` knobs each (what a
     step holds), strongest correlation first (see module doc); none with fewer than
-    `MIN_RUNS` healthy runs or where the runs do not vary.  With `shape` (a config's
-    `tuner.study.step_shape`), none that leaves the shape as it was: a cap that binds
-    nowhere before and after is the same run again."""
+    `MIN_RUNS` healthy runs or where the runs do not vary."""
     runs = [t for t in trials if t.outcome == "slo" and t.original and t.values is not None
             and all(k in t.params for k in space)]
     if len(runs) < MIN_RUNS:
@@ -88,9 +84,7 @@ def descent_moves(trials: Sequence[TrialRecord], space: Mapping[str, BaseDistrib
         if name not in steps or name in tried or dist.single():
             continue
         for strength, value in _ways(name, dist, runs, miss, base.params[name]):
-            move = {**{k: base.params[k] for k in space}, name: value}
-            if shape is None or shape(move) != shape(base.params):
-                scored.append((-strength, name, move))
+            scored.append((-strength, name, {**{k: base.params[k] for k in space}, name: value}))
     return [move for _, _, move in sorted(scored, key=lambda s: s[:2])]
 
 

@@ -66,6 +66,7 @@ from tuner.search.space import SearchSpace
 from tuner.study.design import level
 from tuner.study.local_moves import position
 from tuner.study.record import TrialRecord, knobs_key
+from tuner.study.step_shape import held
 from tuner.trial.kv_share import EDGE_TOL
 from tuner.trial.memory_estimate import knobs_from_params
 from tuner.trial.prescreen import HEALTHY
@@ -73,11 +74,6 @@ from tuner.trial.prescreen import HEALTHY
 CAP_ROLES = ("max_batch", "prefill_batch_cap", "decode_batch_cap")   # counts of requests
 LONG_CAP_ROLE = "long_max_batch"   # counts of long requests
 RAISE_STEPS = 10   # bisection steps of a raised budget: 1/1024 of the range
-
-
-def held(cell: Cell) -> int:
-    """The requests `cell` keeps in flight at once."""
-    return min(cell.concurrency, cell.num_prompts or cell.concurrency)
 
 
 def in_flight(cells: Sequence[Cell]) -> int:

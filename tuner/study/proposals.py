@@ -43,8 +43,7 @@ from __future__ import annotations
 import itertools
 import math
 import random
-from collections.abc import Callable, Collection, Hashable, Mapping, Sequence
-from functools import partial
+from collections.abc import Callable, Collection, Sequence
 from typing import Any
 
 import optuna
@@ -83,7 +82,6 @@ from tuner.study.open_caps import (
 )
 from tuner.study.pool_trades import floor_relief, pool_trade, reliefs, trades_of
 from tuner.study.record import KV_SHARE, TrialRecord, records
-from tuner.study.step_shape import step_shape
 from tuner.trial.kv_share import KvEdge
 
 TRIES = 16      # candidates drawn per proposal at most (one TPE draw costs ~10 ms)
@@ -327,10 +325,9 @@ class GuidedSampler(BaseSampler):
             if trade is not None and fresh(trade, slack):
                 return trade, None
         # what a step holds: the knobs a descent on the least miss moves
-        edge = self._edge
-        steps = {*self._limits, *self._budgets, *(policies(edge.space) if edge else ())}
-        shape = None if edge is None else partial(_shape, edge)
-        for cand in descent_moves(trials, search_space, steps, shape):
+        steps = {*self._limits, *self._budgets,
+                 *(policies(self._edge.space) if self._edge is not None else ())}
+        for cand in descent_moves(trials, search_space, steps):
             if fresh(cand, slack):
                 return cand, None
         move = self._ascent(trials, directions, search_space, lambda c: fresh(c, slack))
@@ -395,10 +392,6 @@ class GuidedSampler(BaseSampler):
     def reseed_rng(self) -> None:
         self._base.reseed_rng()
         self._rng.seed()
-
-
-def _shape(edge: KvEdge, params: Mapping[str, Any]) -> Hashable:
-    return step_shape(edge.space, params, edge.cells)
 
 
 def guided(sampler: BaseSampler, edge: KvEdge | None, startup: int, seed: int | None,
