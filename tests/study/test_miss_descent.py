@@ -67,4 +67,3 @@ def test_a_knob_is_moved_once_from_a_run_and_never_by_a_sliver():
     low = [_run(i, {"cap": cap, "y": 0.5, "first": False}, ttft=t, tpot=0.5)
            for i, (cap, t) in enumerate([(2, 1.1), (64, 1.5), (128, 3.0)])]
     assert descent_moves(low, SPACE, STEPS) == []
-

@@ -28,13 +28,12 @@ from collections.abc import Hashable, Mapping, Sequence
 from typing import Any
 
 from tuner.bench.records import Cell
-from tuner.search.space import SearchSpace
+from tuner.search.space import BUDGET_ROLES, LIMIT_ROLES, SearchSpace
 from tuner.study.record import config_key
 from tuner.trial.memory_estimate import Knobs, knobs_from_params
 
-SHAPE_ROLES = ("max_batch", "prefill_batch_cap", "decode_batch_cap", "prefill_token_budget",
-               "checked_token_budget", "long_threshold", "long_max_batch",
-               "long_use_total_len", "decode_first")   # the knobs a shape reads
+SHAPE_ROLES = (*LIMIT_ROLES, *BUDGET_ROLES, "long_use_total_len",
+               "decode_first")   # the knobs a shape reads
 
 
 def held(cell: Cell) -> int:
