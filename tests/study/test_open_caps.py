@@ -9,6 +9,7 @@ from tuner.bench.records import Cell
 from tuner.search.space import Param
 from tuner.study.open_caps import (
     bisected_caps,
+    cap_moves,
     cap_targets,
     in_flight,
     opened_caps,
@@ -132,3 +133,20 @@ def test_a_cap_whose_raise_failed_is_bisected_between_the_incumbent_and_the_fail
     other = _ran({**top, "long": 8, "graph": False}, "slo")
     assert bisected_caps(top, ["long"], dists, [other, _ran({**top, "long": 8}, "ok")],
                          "kv") == []
+
+
+def test_a_cap_never_raised_is_opened_before_a_failed_raise_is_bisected():
+    """Round 34 (Mistral-7B / RTX 4090 chat): the prefill cap raised 9 -> 48 ran out of memory;
+    the decode cap of 19 beside 48 requests in flight is opened before 9..48 is bisected."""
+    dists = {"prefill": IntDistribution(1, 64), "decode": IntDistribution(1, 128),
+             "graph": CategoricalDistribution([False, True])}
+    top = {"prefill": 9, "decode": 19, "graph": True, "kv": 23466}
+    base = {k: top[k] for k in dists}
+    caps = {"prefill": 48, "decode": 48}
+    assert cap_moves(top, caps, dists, [], "kv") == [{**base, "prefill": 48}, {**base, "decode": 48}]
+    oom = _ran({**top, "prefill": 48, "kv": 24943}, "oom")
+    assert cap_moves(top, caps, dists, [oom], "kv") == [
+        {**base, "decode": 48}, {**base, "prefill": 29}, {**base, "prefill": 48}]
+    # once the decode cap's raise has run healthy, the bracket is next
+    opened = _ran({**top, "decode": 48, "kv": 23900}, "ok")
+    assert cap_moves(top, caps, dists, [oom, opened], "kv")[0] == {**base, "prefill": 29}

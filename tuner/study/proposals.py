@@ -73,13 +73,7 @@ from tuner.study.local_moves import (
     pattern_move,
 )
 from tuner.study.miss_descent import descent_moves, policies
-from tuner.study.open_caps import (
-    bisected_caps,
-    cap_targets,
-    opened_caps,
-    raised_budgets,
-    untested,
-)
+from tuner.study.open_caps import cap_moves, cap_targets, raised_budgets
 from tuner.study.pool_trades import floor_relief, pool_trade, reliefs, trades_of
 from tuner.study.record import KV_SHARE, TrialRecord, records
 from tuner.trial.kv_share import KvEdge
@@ -257,10 +251,9 @@ class GuidedSampler(BaseSampler):
                  directions: Sequence[Any], search_space: dict[str, BaseDistribution],
                  slack: Slack) -> Local | None:
         """A trade of `top` that ran below its own edge, at that edge, else a pool trade
-        (`tuner.study.pool_trades`), else a cap bisected against the value that failed above
-        it, else an open cap, else a raised budget
-        (`tuner.study.open_caps`), else an ascent move (`_ascent`), then the pattern move,
-        else a random neighbour that fits."""
+        (`tuner.study.pool_trades`), else an open cap or a cap bisected against the value that
+        failed above it, else a raised budget (`tuner.study.open_caps`), else an ascent move
+        (`_ascent`), then the pattern move, else a random neighbour that fits."""
         fresh = fresh_in(trials, self._edge)
         for trade in trades_of(top, search_space, self._edge, trials):
             pushed = at_edge(trade, trials, search_space, self._edge)
@@ -271,10 +264,8 @@ class GuidedSampler(BaseSampler):
             move = None
         if move is None and self._edge is not None:
             caps = cap_targets(self._edge.space, top.params, self._edge.cells)
-            opened = bisected_caps(top.params, caps, search_space, trials, self._edge.param.name)
-            opened += untested(opened_caps(top.params, caps, search_space),
-                               trials, self._edge.param.name)
-            move = next((c for c in opened if fresh(c, slack)), None)
+            moves = cap_moves(top.params, caps, search_space, trials, self._edge.param.name)
+            move = next((c for c in moves if fresh(c, slack)), None)
         if move is None:
             if (raised := self._raised_budget(top, trials, search_space, slack)) is not None:
                 return raised
