@@ -9,6 +9,9 @@
 # configs), PICK (max-throughput: the pick tune confirms and exports, and the side by side runs), CAP (24GiB), STUDIES (/tmp/studies), WORKLOAD (benchmarks/h200/workload.yaml). The GPU:
 # CUDA_VISIBLE_DEVICES (one index).
 # Dry run on the built-in simulator (no GPU, infinilm space): SIMULATE=h200.
+# TUNE_S counts from the tune's start: the wheel install and model build come first (about a
+# minute for the 8B shape), and a device call killed at its own limit returns no study.db, so
+# keep TUNE_S about 90 s under that limit (r33's call 1 lost its study.db and log that way).
 set -u
 OUT=${1:?usage: run.sh OUT_DIR [tune|compare|all]}
 STAGE=${2:-all}
@@ -41,7 +44,7 @@ mkdir -p $STUDIES/$STUDY
 cat "$OUT/env.txt"
 if [ "$STAGE" = tune ] || [ "$STAGE" = all ]; then
   timeout -s INT -k 60 ${TUNE_S:-36000} python3 -m tuner.cli tune "${COMMON[@]}" --trials ${TRIALS:-12} --study $STUDY --studies-dir $STUDIES \
-    --gpu-memory-cap $CAP --stall-timeout 60 --startup-timeout 180 --sampler ${SAMPLER:-auto} --pick ${PICK:-max-throughput} 2>&1 | tr '\r' '\n' | grep --line-buffered -v '^ *[0-9]*%|' | tee "$OUT/tune.log"
+    --gpu-memory-cap $CAP --stall-timeout 60 --startup-timeout 180 --sampler ${SAMPLER:-auto} --pick ${PICK:-max-throughput} 2>&1 | stdbuf -oL tr '\r' '\n' | grep --line-buffered -v '^ *[0-9]*%|' | tee "$OUT/tune.log"
   cp $STUDIES/$STUDY/study.db "$OUT/study.db"
   python3 -m tuner.cli inspect --study $STUDY --studies-dir $STUDIES --no-report > "$OUT/inspect.txt" 2>&1
 fi

@@ -34,7 +34,7 @@ else
   COMMON=(--model $M --workload $WORKLOAD)
   python3 benchmarks/h200/mkmodel.py $M --shape llama-3.2-1b || exit 1
 fi
-tuner() { python3 -m tuner.cli "$@" 2>&1 | tr '\r' '\n' | grep -v -E '^ *[0-9]+%\|'; }
+tuner() { python3 -m tuner.cli "$@" 2>&1 | stdbuf -oL tr '\r' '\n' | grep -v -E '^ *[0-9]+%\|'; }
 { nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
   python3 -c "import sys,torch,transformers,optuna;print('python',sys.version.split()[0],'torch',torch.__version__,'transformers',transformers.__version__,'optuna',optuna.__version__)"
   [ -z "${INFINILM_SRC:-}" ] || git -C "$INFINILM_SRC" log -1 --format="infinilm %H" 2>/dev/null || true

@@ -54,7 +54,7 @@ seed_cfg() {
 seed_cfg 16384 > "$STUDIES/seed.yaml"
 seed_cfg 20480 > "$STUDIES/seed80.yaml"
 seed_cfg 24576 > "$STUDIES/seed96.yaml"
-tuner() { python3 -m tuner.cli "$@" 2>&1 | tr '\r' '\n' | grep --line-buffered -v -E '^ *[0-9]+%\|'; }
+tuner() { python3 -m tuner.cli "$@" 2>&1 | stdbuf -oL tr '\r' '\n' | grep --line-buffered -v -E '^ *[0-9]+%\|'; }
 limited() { local s=$1; shift; timeout -s INT -k 60 "$s" "$@"; }
 has() { [ "$STAGE" = all ] || [ "$STAGE" = "$1" ]; }
 cp "$STUDIES"/seed*.yaml "$OUT"/
@@ -64,7 +64,7 @@ if has study; then
     --trials "${TRIALS:-20}" --study $STUDY --studies-dir $STUDIES --stall-timeout 30 \
     --startup-timeout 240 --sampler "${SAMPLER:-auto}" --seed-config "$STUDIES/seed.yaml" \
     --seed-config "$STUDIES/seed80.yaml" --seed-config "$STUDIES/seed96.yaml" ${TUNE_ARGS:-} 2>&1 \
-    | tr '\r' '\n' | grep --line-buffered -v -E '^ *[0-9]+%\|' | tee -a "$OUT/tune.log"
+    | stdbuf -oL tr '\r' '\n' | grep --line-buffered -v -E '^ *[0-9]+%\|' | tee -a "$OUT/tune.log"
   cp $STUDIES/$STUDY/study.db "$OUT/study.db"
   tuner export --study $STUDY --studies-dir $STUDIES -o "$OUT/best.env" > /dev/null
   tuner inspect --study $STUDY --studies-dir $STUDIES --no-report > "$OUT/inspect.txt"
@@ -89,7 +89,7 @@ if has ablate; then
   limited "${ABLATE_S:-3600}" python3 -m tuner.cli ablate "${COMMON[@]}" --space "$SPACE" \
     --study $STUDY --studies-dir $STUDIES $(seed_trial) --per-knob 1 \
     --knobs "${ABLATE_KNOBS:-decode_batch_cap,prefill_batch_cap,decode_first_when_running,long_context_max_batch}" \
-    -o "$OUT/ablation.json" 2>&1 | tr '\r' '\n' | tee "$OUT/ablate.log"
+    -o "$OUT/ablation.json" 2>&1 | stdbuf -oL tr '\r' '\n' | tee "$OUT/ablate.log"
 fi
 if has compare; then
   limited "${COMPARE_S:-3600}" python3 benchmarks/h200/side_by_side.py "${COMMON[@]}" --space "$SPACE" \

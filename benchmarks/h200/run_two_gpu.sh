@@ -29,7 +29,7 @@ else
 fi
 COMMON+=(--workload benchmarks/h200/workload.yaml --gpu-memory-cap 24GiB --studies-dir "$STUDIES"
          --stall-timeout 60 --startup-timeout 180 --sampler "${SAMPLER:-auto}" --no-export)
-tuner() { python3 -m tuner.cli "$@" 2>&1 | tr '\r' '\n' | grep --line-buffered -v -E '^ *[0-9]+%\|'; }
+tuner() { python3 -m tuner.cli "$@" 2>&1 | stdbuf -oL tr '\r' '\n' | grep --line-buffered -v -E '^ *[0-9]+%\|'; }
 has() { [ "$STAGE" = all ] || [ "$STAGE" = "$1" ]; }
 timed() {  # LABEL CMD...: wall seconds of CMD into $OUT/wall.txt
   local label=$1 t0; shift; t0=$(date +%s.%N)
