@@ -105,11 +105,7 @@ def cap_targets(space: SearchSpace, params: Mapping[str, Any],
     long-context guard's: the requests its own threshold calls long, where any is)."""
     out = {name: in_flight(cells) for name in request_caps(space)}
     knobs = knobs_from_params(space, dict(params))
-    if knobs.long_threshold is None:
-        return out
-    total = knobs.long_use_total_len
-    long = [c for c in cells
-            if c.input_len + (c.output_len if total else 0) >= int(knobs.long_threshold)]
+    long = [c for c in cells if knobs.calls_long(c)]
     out.update({p.name: in_flight(long) for p in space.parameters
                 if p.role == LONG_CAP_ROLE and long})
     return out

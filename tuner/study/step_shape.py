@@ -61,8 +61,7 @@ def behaviour_key(space: SearchSpace, params: Mapping[str, Any], cells: Sequence
 def _cell_shape(k: Knobs, cell: Cell) -> tuple[Any, ...]:
     n = held(cell)
     traced = cell.source is not None
-    length = cell.input_len + (cell.output_len if k.long_use_total_len else 0)
-    long = k.long_threshold is not None and length >= int(k.long_threshold)
+    long = k.calls_long(cell)
     guard = (k.long_max_batch or math.inf) if long or traced else math.inf
     prefill = min(n, k.prefill_limit, guard)
     decode = min(n, k.decode_limit, guard)

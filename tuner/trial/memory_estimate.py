@@ -91,6 +91,13 @@ class Knobs:
     decode_first: bool = False
     memory_share: float | None = None  # the share of free memory the cache may hold (module doc)
 
+    def calls_long(self, cell: Cell) -> bool:
+        """Whether the long-context guard holds `cell`'s requests: its prompt (prompt + output
+        where `long_use_total_len`) at or above the threshold.  One rule for the memory model,
+        the step shape and the guard's open cap, which must agree on what a step holds."""
+        length = cell.input_len + (cell.output_len if self.long_use_total_len else 0)
+        return self.long_threshold is not None and length >= self.long_threshold
+
     @property
     def prefill_limit(self) -> float:
         return min(self.max_batch or math.inf, self.prefill_cap or math.inf)
@@ -215,8 +222,7 @@ def cell_forward(model: ModelInfo, k: Knobs, cell: Cell) -> tuple[int, str]:
     running = min(cell.concurrency, admitted)
     per_tok = act_bytes_per_token(model)
     kv_tok = model.kv_bytes_per_token * LIVE_CONTEXT_COPY
-    length = total if k.long_use_total_len else prompt
-    long = k.long_threshold is not None and length >= k.long_threshold
+    long = k.calls_long(cell)
     n_pre = min(running, k.prefill_limit)
     if long and k.long_max_batch:
         n_pre = min(n_pre, k.long_max_batch)
