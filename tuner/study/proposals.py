@@ -73,7 +73,7 @@ from tuner.study.local_moves import (
     pattern_move,
 )
 from tuner.study.miss_descent import descent_moves, policies
-from tuner.study.open_caps import cap_moves, cap_targets, raised_budgets, untested
+from tuner.study.open_caps import cap_moves, cap_targets, raised_budgets
 from tuner.study.pool_trades import floor_relief, pool_trade, reliefs, trades_of
 from tuner.study.record import KV_SHARE, TrialRecord, records
 from tuner.trial.kv_share import KvEdge
@@ -253,12 +253,7 @@ class GuidedSampler(BaseSampler):
         """A trade of `top` that ran below its own edge, at that edge, else a pool trade
         (`tuner.study.pool_trades`), else an open cap or a cap bisected against the value that
         failed above it, else a raised budget (`tuner.study.open_caps`), else an ascent move
-        (`_ascent`), then the pattern move, else a random neighbour that fits.
-
-        A pattern move whose knobs ran healthy is not repeated at another pool, the edge
-        pushes' question (`tuner.study.edge_pushes`): on Mistral-7B / RTX 4090 chat (round 34)
-        one ran at 21477 tokens (400.5 tok/s, the incumbent 466.1), then three times out of
-        memory at the higher edge the model put after that run (24673, 23047, 22235)."""
+        (`_ascent`), then the pattern move, else a random neighbour that fits."""
         fresh = fresh_in(trials, self._edge)
         for trade in trades_of(top, search_space, self._edge, trials):
             pushed = at_edge(trade, trials, search_space, self._edge)
@@ -277,8 +272,6 @@ class GuidedSampler(BaseSampler):
             # an ascent is not spent on a turn another move takes
             move = self._ascent(trials, directions, search_space, lambda c: fresh(c, slack))
         pattern = pattern_move(trials, directions, search_space)
-        if pattern is not None and self._edge is not None:
-            pattern = next(iter(untested([pattern], trials, self._edge.param.name)), None)
         base = {k: top.params[k] for k in search_space}
         inert = inert_knobs(trials, list(search_space))
         cands = itertools.chain((c for c in (move, pattern) if c is not None),
