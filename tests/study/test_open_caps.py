@@ -143,7 +143,8 @@ def test_a_cap_never_raised_is_opened_before_a_failed_raise_is_bisected():
     top = {"prefill": 9, "decode": 19, "graph": True, "kv": 23466}
     base = {k: top[k] for k in dists}
     caps = {"prefill": 48, "decode": 48}
-    assert cap_moves(top, caps, dists, [], "kv") == [{**base, "prefill": 48}, {**base, "decode": 48}]
+    assert cap_moves(top, caps, dists, [], "kv") == [{**base, "prefill": 48},
+                                                     {**base, "decode": 48}]
     oom = _ran({**top, "prefill": 48, "kv": 24943}, "oom")
     assert cap_moves(top, caps, dists, [oom], "kv") == [
         {**base, "decode": 48}, {**base, "prefill": 29}, {**base, "prefill": 48}]

@@ -169,11 +169,13 @@ def cap_moves(params: Mapping[str, Any], caps: Mapping[str, int],
     raised with its other knobs opened (`opened_caps`), then the brackets of those whose raise
     failed bisected (`bisected_caps`), then any other open cap whose config never ran
     healthy."""
+    def moved(cand: Mapping[str, Any]) -> str:   # each move changes one cap
+        return next(k for k in cand if cand[k] != params[k])
     halved = bisected_caps(params, caps, dists, trials, kv_name)
-    bracketed = {k for c in halved for k in c if c[k] != params[k]}
+    bracketed = {moved(c) for c in halved}
     opened = untested(opened_caps(params, caps, dists), trials, kv_name)
-    first = [c for c in opened if not any(c[k] != params[k] for k in bracketed)]
-    return [*first, *halved, *(c for c in opened if c not in first)]
+    return [*(c for c in opened if moved(c) not in bracketed), *halved,
+            *(c for c in opened if moved(c) in bracketed)]
 
 
 def untested(cands: Sequence[dict[str, Any]], trials: Sequence[TrialRecord],
