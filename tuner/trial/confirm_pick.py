@@ -27,7 +27,7 @@ from tuner.server.outcome import Outcome
 from tuner.study.objective import judge
 from tuner.study.record import KV_SHARE, TrialRecord, add_confirmation, result_attrs
 from tuner.trial.pipeline import AdaptivePipeline
-from tuner.trial.result import TrialResult, median_metrics
+from tuner.trial.result import TrialResult, median_metrics, more_runs
 
 MAX_CONFIGS = 3
 
@@ -70,20 +70,18 @@ def _rerun(study: optuna.Study, pipeline: AdaptivePipeline, chosen: TrialRecord,
     """`extra` more runs of `chosen`'s config, merged with the runs it already had."""
     params = {k: v for k, v in chosen.params.items() if k != KV_SHARE}
     runs = [dict(r) for r in chosen.repeats] if chosen.repeats else [dict(chosen.metrics)]
-    last: TrialResult | None = None
-    peaks = [chosen.peak_bytes] if chosen.peak_bytes is not None else []
-    for i in range(1, extra + 1):
+
+    def run(i: int) -> TrialResult:
         log(f"confirming trial {chosen.number}: run {i} of {extra}")
-        last = pipeline.rerun(study, params, folder / str(i))
-        if not last.outcome.feasible:
-            return replace(last, repeats=runs, outcome=Outcome(
-                last.outcome.kind, f"confirmation run {i} of trial {chosen.number}: "
-                                   f"{last.outcome.reason}"))
-        runs.append(last.metrics)
-        peaks += [last.peak_bytes] if last.peak_bytes is not None else []
-    assert last is not None
-    return replace(last, metrics=median_metrics(runs), repeats=runs, first_run_metrics=runs[0],
-                   peak_bytes=max(peaks, default=None),
+        return pipeline.rerun(study, params, folder / str(i))
+    done, failed = more_runs(extra, run, lambda i: f"confirmation run {i} of trial "
+                                                   f"{chosen.number}")
+    runs += [r.metrics for r in done]
+    if failed is not None:
+        return replace(failed, repeats=runs)
+    peaks = [p for p in (chosen.peak_bytes, *(r.peak_bytes for r in done)) if p is not None]
+    return replace(done[-1], metrics=median_metrics(runs), repeats=runs,
+                   first_run_metrics=runs[0], peak_bytes=max(peaks, default=None),
                    outcome=Outcome("ok", f"confirmation of trial {chosen.number}: medians of "
                                          f"{len(runs)} runs"))
 

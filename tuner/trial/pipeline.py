@@ -34,7 +34,7 @@ from tuner.trial.kv_calibration import measured, proven
 from tuner.trial.kv_share import KvEdge, kv_param
 from tuner.trial.memory_estimate import Estimate, Knobs, estimate, knobs_from_params
 from tuner.trial.prescreen import calibrated_runtime, decide, estimate_attr, memory_constraint
-from tuner.trial.result import KeepGoing, TrialResult, median_metrics
+from tuner.trial.result import KeepGoing, TrialResult, median_metrics, more_runs
 from tuner.trial.run import run_trial
 from tuner.trial.stages import Verdict, metrics_of_rows, screen_verdict, stress_order
 
@@ -167,18 +167,14 @@ class AdaptivePipeline:
     def _confirm(self, first: TrialResult, params: dict[str, Any], trial_dir: Path,
                  cells: list[Cell]) -> TrialResult:
         """Re-run a Pareto entrant `confirm` times; the trial's metrics become the medians.
-
-        A repeat that fails makes the whole trial fail with that repeat's outcome: a config that
-        dies one run in N is not one to deploy.
-        """
-        repeats = [first.metrics]
-        for i in range(1, self.confirm + 1):
-            rep = self.runner(self.ctx, params, trial_dir / f"repeat-{i}", cells=cells)
-            if not rep.outcome.feasible:
-                return replace(rep, cell_order=first.cell_order,
-                               screen_metrics=first.screen_metrics, repeats=repeats,
-                               outcome=Outcome(rep.outcome.kind,
-                                               f"repeat {i}: {rep.outcome.reason}"))
-            repeats.append(rep.metrics)
+        A repeat that fails makes the whole trial fail with that repeat's outcome
+        (`more_runs`)."""
+        done, failed = more_runs(
+            self.confirm, lambda i: self.runner(self.ctx, params, trial_dir / f"repeat-{i}",
+                                                cells=cells), lambda i: f"repeat {i}")
+        repeats = [first.metrics, *(r.metrics for r in done)]
+        if failed is not None:
+            return replace(failed, cell_order=first.cell_order,
+                           screen_metrics=first.screen_metrics, repeats=repeats)
         return replace(first, metrics=median_metrics(repeats), repeats=repeats,
                        first_run_metrics=first.metrics)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import statistics
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 from tuner.bench.records import Cell
@@ -56,6 +56,22 @@ def median_metrics(runs: Sequence[Mapping[str, float]]) -> dict[str, float]:
     """Per metric, the median over runs of one config (the metrics every run recorded)."""
     keys = set.intersection(*(set(m) for m in runs))
     return {k: float(statistics.median(m[k] for m in runs)) for k in keys}
+
+
+def more_runs(n: int, run: Callable[[int], TrialResult], failed: Callable[[int], str]
+              ) -> tuple[list[TrialResult], TrialResult | None]:
+    """Runs 1..n of one config (`run(i)`), stopping at the first that fails: (the healthy
+    runs, that failed run with its reason prefixed by `failed(i)`, or None).  A config that
+    dies one run in N is not one to deploy, so the caller records the failure as the
+    config's outcome (a Pareto entrant's repeats, a pick's confirmation)."""
+    done: list[TrialResult] = []
+    for i in range(1, n + 1):
+        res = run(i)
+        if not res.outcome.feasible:
+            return done, replace(res, outcome=Outcome(res.outcome.kind,
+                                                      f"{failed(i)}: {res.outcome.reason}"))
+        done.append(res)
+    return done, None
 
 
 def aggregate(cells: Sequence[HasMetrics]) -> dict[str, float]:
