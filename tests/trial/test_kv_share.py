@@ -601,3 +601,31 @@ def test_the_edge_keeps_the_pool_inside_the_servers_footprint_check():
             est = estimate(MODEL, knobs, cells, runtime=runtime)
             assert (est.check_need <= CAP) == fits
     assert edges[0.58] < 146        # r14's trial 1 (146 blocks at 0.58) is past the edge
+
+
+def test_no_healthy_run_clears_a_config_the_servers_footprint_check_refuses():
+    """The r36 H200 transformers study: trial 10 (no CUDA graphs) ran at a need of 24.74 GiB on
+    the 24 GiB cap, and that cleared, for the proposals, trials 17 and 21, whose footprint check
+    wanted 24.74 GiB: both were proposed and the pre-screen skipped both.  The check is a formula
+    of the config, so no run clears it; a need seen healthy still clears its own config."""
+    from tuner.search.workload import load_workload
+    from tuner.study.record import records
+    cells = tuple(load_workload(ROOT / "benchmarks" / "h200" / "workload-seed8b.yaml").cells)
+    space = resolve_space(load_space(ROOT / "search_spaces" / "transformers.yaml"), MODEL, CAP,
+                          cells)
+    edge = KvEdge(space, MODEL, CAP, cells)
+    db = ROOT / "benchmarks" / "results" / "h200-transformers-8b-seedwl-r36" / "study.db"
+    study = optuna.load_study(study_name="h200-transformers-8b-seedwl-r35",
+                              storage=f"sqlite:///{db}")
+    trials = records(study, (optuna.trial.TrialState.COMPLETE,))
+    by_number = {t.number: t for t in trials}
+    before = [t for t in trials if t.number < 17]
+    room = edge.room_at(before)
+    for n in (17, 21):
+        params = dict(by_number[n].params)
+        assert by_number[n].outcome == "skipped"
+        assert room(params, int(params["cb_num_blocks"])) < 0
+    ran = dict(by_number[10].params)
+    cal = calibrate(before, CAP, edge.knobs_of)
+    assert edge.need(ran, int(ran["cb_num_blocks"]), cal, 0) > CAP
+    assert room(ran, int(ran["cb_num_blocks"])) >= 0
