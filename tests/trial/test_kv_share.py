@@ -11,7 +11,8 @@ from tuner.bench.records import Cell
 from tuner.search.bounds import resolve_space
 from tuner.search.model import load_model_info
 from tuner.search.space_file import load_space
-from tuner.study.record import TrialRecord
+from tuner.search.workload import load_workload
+from tuner.study.record import TrialRecord, records
 from tuner.trial.kv_calibration import MIN_STEP, Calibration, calibrate
 from tuner.trial.kv_share import EDGE_TOL, KvEdge, kv_param, peak_demand, runnable
 from tuner.trial.memory_estimate import Estimate, estimate, knobs_from_params
@@ -608,8 +609,6 @@ def test_no_healthy_run_clears_a_config_the_servers_footprint_check_refuses():
     the 24 GiB cap, and that cleared, for the proposals, trials 17 and 21, whose footprint check
     wanted 24.74 GiB: both were proposed and the pre-screen skipped both.  The check is a formula
     of the config, so no run clears it; a need seen healthy still clears its own config."""
-    from tuner.search.workload import load_workload
-    from tuner.study.record import records
     cells = tuple(load_workload(ROOT / "benchmarks" / "h200" / "workload-seed8b.yaml").cells)
     space = resolve_space(load_space(ROOT / "search_spaces" / "transformers.yaml"), MODEL, CAP,
                           cells)
