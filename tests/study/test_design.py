@@ -93,3 +93,34 @@ def test_the_corner_that_ran_out_of_memory_is_run_again_at_its_edge_once():
     assert corner_retry([other, corner, again], space, ["cap"]) is None
     assert corner_retry([other, _ran(1, 128, 6553, "slo")], space, ["cap"]) is None
     assert corner_retry([other, corner], space, []) is None     # no limits: no corner
+
+
+def _launched(number: int, params: dict, outcome: str) -> TrialRecord:
+    dists = {"cap": IntDistribution(1, 128), "block": CategoricalDistribution([16, 128, 256]),
+             "graph": CategoricalDistribution([False, True]),
+             KV_SHARE: FloatDistribution(0.0, 1.0)}
+    t = optuna.trial.create_trial(params={KV_SHARE: 0.6, **params}, distributions=dists,
+                                  values=[0.0], user_attrs={"outcome": outcome})
+    t.number = number
+    return TrialRecord.of(t)
+
+
+def test_the_corner_that_did_not_start_is_run_again_with_choices_that_started_at_its_edge():
+    """The corner's block size never started (the server refuses it, whatever the limits):
+    it runs again with the block size most started runs had, at the edge; graphs, which a run
+    started with, stay; once only, and not where every run failed to start."""
+    space = {"cap": IntDistribution(1, 128), "block": CategoricalDistribution([16, 128, 256]),
+             "graph": CategoricalDistribution([False, True]),
+             KV_SHARE: FloatDistribution(0.0, 1.0)}
+    corner = _launched(1, {"cap": 128, "block": 128, "graph": True}, "startup")
+    ran = [_launched(0, {"cap": 8, "block": 256, "graph": False}, "slo"),
+           _launched(2, {"cap": 13, "block": 256, "graph": True}, "slo"),
+           _launched(3, {"cap": 22, "block": 16, "graph": True}, "slo")]
+    retry = corner_retry([ran[0], corner, *ran[1:]], space, ["cap"])
+    assert retry == {"cap": 128, "block": 256, "graph": True, KV_SHARE: 1.0}
+    again = _launched(4, retry, "slo")
+    assert corner_retry([ran[0], corner, *ran[1:], again], space, ["cap"]) is None
+    assert corner_retry([corner, _launched(2, {"cap": 9, "block": 16, "graph": True},
+                                           "startup")], space, ["cap"]) is None
+    started = _launched(5, {"cap": 9, "block": 128, "graph": False}, "slo")
+    assert corner_retry([*ran, corner, started], space, ["cap"]) is None  # 128 started: no cue

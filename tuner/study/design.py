@@ -117,17 +117,54 @@ class StartupDesign:
 
 def corner_retry(trials: Sequence[TrialRecord], space: Mapping[str, BaseDistribution],
                  limits: Collection[str]) -> dict[str, Any] | None:
-    """The open-limits corner at its edge (the KV share at 1: the edge its OOM corrected), where
-    it is the only config of the study with every limit at its top and it ran out of memory;
-    None otherwise.  Asked while no run has met the SLOs (`tuner.study.proposals`)."""
+    """The open-limits corner again, where it is the only config of the study with every limit
+    at its top and it failed for a reason other than its limits; None otherwise.  Asked while
+    no run has met the SLOs (`tuner.study.proposals`).
+
+    * It ran out of memory: at its edge (the KV share at 1: the edge its OOM corrected).
+    * It did not start: with each choice of its other categorical knobs that no run has
+      started with replaced by the choice most started runs had, at the edge too (under a
+      waiting-time SLO the corner is the config that holds the most requests at once, and a
+      pool under the edge holds fewer).  A choice the server refuses (the seed's block size
+      128 with CUDA graphs on an RTX 4090) says nothing of the limits; on the Qwen2.5-7B /
+      RTX 4090 RAG scenario of benchmarks/search_efficiency.py (p99 TTFT) one 10-trial seed's
+      corner drew block size 128 with graphs, no corner ran again, and the seed ended with
+      nothing feasible; seven of the other nine found their best with the corner's caps at
+      the edge."""
     opened = {n: top for n, d in space.items() if n in limits and (top := _top(d)) is not None}
     if not opened or KV_SHARE not in space:
         return None
     runs = [t for t in trials if not t.unmeasured
             and all(t.params.get(n) == v for n, v in opened.items())]
-    if len(runs) != 1 or runs[0].outcome != "oom" or not space.keys() <= runs[0].params.keys():
+    if len(runs) != 1 or not space.keys() <= runs[0].params.keys():
         return None
-    return {**{k: runs[0].params[k] for k in space}, KV_SHARE: 1.0}
+    corner = {k: runs[0].params[k] for k in space}
+    if runs[0].outcome == "oom":
+        return {**corner, KV_SHARE: 1.0}
+    if runs[0].outcome == "startup":
+        retry = _started_choices(corner, trials, space, opened)
+        return None if retry is None else {**retry, KV_SHARE: 1.0}
+    return None
+
+
+def _started_choices(corner: dict[str, Any], trials: Sequence[TrialRecord],
+                     space: Mapping[str, BaseDistribution],
+                     opened: Mapping[str, Any]) -> dict[str, Any] | None:
+    """`corner` with its never-started choices (limits aside) set to the choice most started
+    runs had; None where it has no such choice or no run started with another."""
+    started = [t.params for t in trials
+               if not t.unmeasured and t.outcome != "startup"]
+    out = dict(corner)
+    for name, dist in space.items():
+        if name in opened or not isinstance(dist, CategoricalDistribution):
+            continue
+        if any(p.get(name) == corner[name] for p in started):
+            continue
+        seen = [p[name] for p in started if name in p]
+        if not seen:
+            return None
+        out[name] = max(dist.choices, key=lambda c: (seen.count(c), -dist.choices.index(c)))
+    return out if out != corner else None
 
 
 def _top(dist: BaseDistribution) -> Any:

@@ -303,7 +303,7 @@ class GuidedSampler(BaseSampler):
     def _unmet(self, trials: Sequence[TrialRecord], directions: Sequence[Any],
                search_space: dict[str, BaseDistribution], slack: Slack) -> Local | None:
         """While no run has met the SLOs: the start-up corner again where it ran out of memory
-        and the study has a waiting-time SLO (`tuner.study.design.corner_retry`,
+        or did not start and the study has a waiting-time SLO (`tuner.study.design.corner_retry`,
         `tuner.study.edge_pushes.waits`), else a waiting trade
         (`tuner.study.edge_pushes.waiting_trade`), else a descent on the least miss
         (`tuner.study.miss_descent`), else an ascent from the run that missed least."""
