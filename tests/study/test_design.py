@@ -124,3 +124,24 @@ def test_the_corner_that_did_not_start_is_run_again_with_choices_that_started_at
                                            "startup")], space, ["cap"]) is None
     started = _launched(5, {"cap": 9, "block": 128, "graph": False}, "slo")
     assert corner_retry([*ran, corner, started], space, ["cap"]) is None  # 128 started: no cue
+
+
+def test_the_corner_that_missed_with_decode_first_on_is_run_again_with_it_off_at_its_edge():
+    """With every cap open, decode-first is what keeps a long prompt waiting; a corner that
+    missed with it off, or that met nothing for another reason, is not retried."""
+    space = {"cap": IntDistribution(1, 128), "df": CategoricalDistribution([False, True]),
+             KV_SHARE: FloatDistribution(0.0, 1.0)}
+
+    def run(number: int, cap: int, df: bool, outcome: str) -> TrialRecord:
+        t = optuna.trial.create_trial(params={"cap": cap, "df": df, KV_SHARE: 0.7},
+                                      distributions=space, values=[0.0],
+                                      user_attrs={"outcome": outcome})
+        t.number = number
+        return TrialRecord.of(t)
+    default = run(0, 8, False, "slo")
+    retry = corner_retry([default, run(1, 128, True, "slo")], space, ["cap"], ["df"])
+    assert retry == {"cap": 128, "df": False, KV_SHARE: 1.0}
+    assert corner_retry([default, run(1, 128, True, "slo")], space, ["cap"]) is None
+    assert corner_retry([default, run(1, 128, False, "slo")], space, ["cap"], ["df"]) is None
+    assert corner_retry([default, run(1, 128, True, "slo"), run(2, 128, False, "slo")],
+                        space, ["cap"], ["df"]) is None                      # once

@@ -116,10 +116,10 @@ class StartupDesign:
 
 
 def corner_retry(trials: Sequence[TrialRecord], space: Mapping[str, BaseDistribution],
-                 limits: Collection[str]) -> dict[str, Any] | None:
+                 limits: Collection[str], policies: Collection[str] = ()) -> dict[str, Any] | None:
     """The open-limits corner again, where it is the only config of the study with every limit
     at its top and it failed for a reason other than its limits; None otherwise.  Asked while
-    no run has met the SLOs (`tuner.study.proposals`).
+    no run has met the SLOs, in a study with a waiting-time SLO (`tuner.study.proposals`).
 
     * It ran out of memory: at its edge (the KV share at 1: the edge its OOM corrected).
     * It did not start: with each choice of its other categorical knobs that no run has
@@ -130,7 +130,14 @@ def corner_retry(trials: Sequence[TrialRecord], space: Mapping[str, BaseDistribu
       RTX 4090 RAG scenario of benchmarks/search_efficiency.py (p99 TTFT) one 10-trial seed's
       corner drew block size 128 with graphs, no corner ran again, and the seed ended with
       nothing feasible; seven of the other nine found their best with the corner's caps at
-      the edge."""
+      the edge.
+    * It missed the SLOs with decode-first on (`policies`: the knobs of that role): with it
+      off, at the edge.  With every cap open, decode-first is what keeps a request waiting
+      (it defers a long prefill while anything decodes).  On a Llama-3.2-3B / H200 RAG
+      scenario (p99 TTFT, round 37) two 10-trial seeds drew the corner with decode-first on;
+      it missed, every later run kept decode-first, and the descent on the least miss
+      (`tuner.study.miss_descent`) did not move it: the only run without it was the server's
+      default, with small caps, the worst miss."""
     opened = {n: top for n, d in space.items() if n in limits and (top := _top(d)) is not None}
     if not opened or KV_SHARE not in space:
         return None
@@ -144,6 +151,10 @@ def corner_retry(trials: Sequence[TrialRecord], space: Mapping[str, BaseDistribu
     if runs[0].outcome == "startup":
         retry = _started_choices(corner, trials, space, opened)
         return None if retry is None else {**retry, KV_SHARE: 1.0}
+    if runs[0].outcome == "slo":
+        off = {n: False for n, d in space.items() if n in policies and corner[n] is True
+               and isinstance(d, CategoricalDistribution) and False in d.choices}
+        return {**corner, **off, KV_SHARE: 1.0} if off else None
     return None
 
 

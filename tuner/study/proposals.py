@@ -302,14 +302,15 @@ class GuidedSampler(BaseSampler):
 
     def _unmet(self, trials: Sequence[TrialRecord], directions: Sequence[Any],
                search_space: dict[str, BaseDistribution], slack: Slack) -> Local | None:
-        """While no run has met the SLOs: the start-up corner again where it ran out of memory
-        or did not start and the study has a waiting-time SLO (`tuner.study.design.corner_retry`,
-        `tuner.study.edge_pushes.waits`), else a waiting trade
-        (`tuner.study.edge_pushes.waiting_trade`), else a descent on the least miss
+        """While no run has met the SLOs: the start-up corner again where it ran out of memory,
+        did not start or missed with decode-first on, and the study has a waiting-time SLO
+        (`tuner.study.design.corner_retry`, `tuner.study.edge_pushes.waits`), else a waiting
+        trade (`tuner.study.edge_pushes.waiting_trade`), else a descent on the least miss
         (`tuner.study.miss_descent`), else an ascent from the run that missed least."""
         fresh = fresh_in(trials, self._edge)
         if waits(trials):
-            retry = design.corner_retry(trials, search_space, self._limits)
+            retry = design.corner_retry(trials, search_space, self._limits,
+                                        policies(self._edge.space) if self._edge else ())
             if retry is not None and fresh(retry, slack):
                 return retry, None
             trade = waiting_trade(trials, self._edge, search_space)
