@@ -139,9 +139,12 @@ def test_the_corner_that_missed_with_decode_first_on_is_run_again_with_it_off_at
         t.number = number
         return TrialRecord.of(t)
     default = run(0, 8, False, "slo")
-    retry = corner_retry([default, run(1, 128, True, "slo")], space, ["cap"], ["df"])
+    retry = corner_retry([default, run(1, 128, True, "slo")], space, ["cap"], lambda p: ["df"])
     assert retry == {"cap": 128, "df": False, KV_SHARE: 1.0}
     assert corner_retry([default, run(1, 128, True, "slo")], space, ["cap"]) is None
-    assert corner_retry([default, run(1, 128, False, "slo")], space, ["cap"], ["df"]) is None
+    assert corner_retry([default, run(1, 128, False, "slo")], space, ["cap"],
+                        lambda p: ["df"]) is None
+    assert corner_retry([default, run(1, 128, True, "slo")], space, ["cap"],
+                        lambda p: []) is None          # decode-first holds nothing back there
     assert corner_retry([default, run(1, 128, True, "slo"), run(2, 128, False, "slo")],
-                        space, ["cap"], ["df"]) is None                      # once
+                        space, ["cap"], lambda p: ["df"]) is None                      # once

@@ -1,9 +1,13 @@
 """The descent on the least miss, while no run has met the SLOs."""
 
+from pathlib import Path
+
 import optuna
 from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution
 
-from tuner.study.miss_descent import descent_moves
+from tuner.bench.records import Cell
+from tuner.search.space_file import load_space
+from tuner.study.miss_descent import deferring, descent_moves
 from tuner.study.record import TrialRecord
 
 SPACE = {"cap": IntDistribution(1, 128, log=True), "y": FloatDistribution(0.0, 1.0),
@@ -67,3 +71,14 @@ def test_a_knob_is_moved_once_from_a_run_and_never_by_a_sliver():
     low = [_run(i, {"cap": cap, "y": 0.5, "first": False}, ttft=t, tpot=0.5)
            for i, (cap, t) in enumerate([(2, 1.1), (64, 1.5), (128, 3.0)])]
     assert descent_moves(low, SPACE, STEPS) == []
+
+
+def test_decode_first_defers_only_where_the_guard_calls_a_cells_prompts_long():
+    space = load_space(Path(__file__).resolve().parents[2] / "search_spaces" / "infinilm.yaml")
+    cells = [Cell(32, 8000, 200, 64), Cell(128, 300, 300, 256)]
+    on = {"decode_first_when_running": True, "long_context_threshold": 4096}
+    assert deferring(space, cells, on) == ["decode_first_when_running"]
+    assert deferring(space, cells, {**on, "long_context_threshold": 8192}) == []
+    assert deferring(space, cells, {**on, "long_context_threshold": 8192,
+                                    "long_context_use_total_len": True}) != []
+    assert deferring(space, cells, {**on, "decode_first_when_running": False}) == []

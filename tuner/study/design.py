@@ -45,7 +45,7 @@ from __future__ import annotations
 
 import math
 import random
-from collections.abc import Collection, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from typing import Any
 
 from optuna.distributions import (
@@ -116,7 +116,9 @@ class StartupDesign:
 
 
 def corner_retry(trials: Sequence[TrialRecord], space: Mapping[str, BaseDistribution],
-                 limits: Collection[str], policies: Collection[str] = ()) -> dict[str, Any] | None:
+                 limits: Collection[str],
+                 deferring: Callable[[dict[str, Any]], Collection[str]] = lambda p: (),
+                 ) -> dict[str, Any] | None:
     """The open-limits corner again, where it is the only config of the study with every limit
     at its top and it failed for a reason other than its limits; None otherwise.  Asked while
     no run has met the SLOs, in a study with a waiting-time SLO (`tuner.study.proposals`).
@@ -131,9 +133,10 @@ def corner_retry(trials: Sequence[TrialRecord], space: Mapping[str, BaseDistribu
       corner drew block size 128 with graphs, no corner ran again, and the seed ended with
       nothing feasible; seven of the other nine found their best with the corner's caps at
       the edge.
-    * It missed the SLOs with decode-first on (`policies`: the knobs of that role): with it
-      off, at the edge.  With every cap open, decode-first is what keeps a request waiting
-      (it defers a long prefill while anything decodes).  On a Llama-3.2-3B / H200 RAG
+    * It missed the SLOs with decode-first on where the guard calls some prompts long
+      (`deferring(params)`: the policy knobs that hold requests back): with it off, at the
+      edge.  With every cap open, decode-first is what keeps those requests waiting (it
+      defers a long prefill while anything decodes).  On a Llama-3.2-3B / H200 RAG
       scenario (p99 TTFT, round 37) two 10-trial seeds drew the corner with decode-first on;
       it missed, every later run kept decode-first, and the descent on the least miss
       (`tuner.study.miss_descent`) did not move it: the only run without it was the server's
@@ -152,8 +155,8 @@ def corner_retry(trials: Sequence[TrialRecord], space: Mapping[str, BaseDistribu
         retry = _started_choices(corner, trials, space, opened)
         return None if retry is None else {**retry, KV_SHARE: 1.0}
     if runs[0].outcome == "slo":
-        off = {n: False for n, d in space.items() if n in policies and corner[n] is True
-               and isinstance(d, CategoricalDistribution) and False in d.choices}
+        off = {n: False for n in deferring(corner) if corner.get(n) is True
+               and isinstance(d := space.get(n), CategoricalDistribution) and False in d.choices}
         return {**corner, **off, KV_SHARE: 1.0} if off else None
     return None
 

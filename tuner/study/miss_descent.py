@@ -50,11 +50,13 @@ from optuna.distributions import (
     IntDistribution,
 )
 
+from tuner.bench.records import Cell
 from tuner.search.space import SearchSpace
 from tuner.study.ascent import pearson, ranks
 from tuner.study.design import level
 from tuner.study.local_moves import STEP_SCALE, position
 from tuner.study.record import KV_SHARE, TrialRecord
+from tuner.trial.memory_estimate import knobs_from_params
 
 MIN_RUNS = 3    # fewer healthy runs rank nothing
 MIN_MOVE = STEP_SCALE / 2   # a number nearer than this share of its range to its end stays
@@ -64,6 +66,15 @@ POLICY_ROLES = ("decode_first",)   # choices of which requests a step takes firs
 def policies(space: SearchSpace) -> list[str]:
     """The knobs of `space` that choose which requests one step takes first."""
     return [p.name for p in space.parameters if p.role in POLICY_ROLES]
+
+
+def deferring(space: SearchSpace, cells: Sequence[Cell], params: dict[str, Any]) -> list[str]:
+    """The policy knobs that hold some request of `cells` back in this config: decode-first,
+    where the long-context guard calls a cell's prompts long (it defers only those)."""
+    knobs = knobs_from_params(space, params)
+    if not knobs.decode_first or not any(knobs.calls_long(c) for c in cells):
+        return []
+    return policies(space)
 
 
 def descent_moves(trials: Sequence[TrialRecord], space: Mapping[str, BaseDistribution],

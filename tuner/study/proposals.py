@@ -72,7 +72,7 @@ from tuner.study.local_moves import (
     neighbour,
     pattern_move,
 )
-from tuner.study.miss_descent import descent_moves, policies
+from tuner.study.miss_descent import deferring, descent_moves, policies
 from tuner.study.open_caps import cap_moves, cap_targets, raised_budgets
 from tuner.study.pool_trades import floor_relief, pool_trade, reliefs, trades_of
 from tuner.study.record import KV_SHARE, TrialRecord, records
@@ -309,8 +309,10 @@ class GuidedSampler(BaseSampler):
         (`tuner.study.miss_descent`), else an ascent from the run that missed least."""
         fresh = fresh_in(trials, self._edge)
         if waits(trials):
-            retry = design.corner_retry(trials, search_space, self._limits,
-                                        policies(self._edge.space) if self._edge else ())
+            edge = self._edge
+            retry = design.corner_retry(
+                trials, search_space, self._limits,
+                (lambda p: deferring(edge.space, edge.cells, p)) if edge else (lambda p: ()))
             if retry is not None and fresh(retry, slack):
                 return retry, None
             trade = waiting_trade(trials, self._edge, search_space)
