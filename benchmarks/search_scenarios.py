@@ -246,8 +246,28 @@ ROUND37 = (
              {"p99_e2el_ms": 30000.0}, "round 37: 16k prompts beside chat, p99 end-to-end",
              held_out=True),
 )
+# Defined in round 38 before any run, on model / card pairs no scenario had, and the suite's first
+# open-loop cell: Llama-3.1-8B on an H200 (4k-token prompts arriving as a Poisson process, 4 per
+# second with at most 64 in flight, beside 256 chat requests kept in flight; p99 TTFT), Mistral-7B
+# on an H200 (12k-token prompts beside 192 chat requests, a p99 ITL SLO: an unchunked 12k prefill
+# stalls every decode beside it) and Llama-3.2-1B on an H100 (decode-heavy: 384 requests of 1k
+# output tokens beside 4k prompts, a p90 TPOT SLO).
+ROUND38 = (
+    Scenario("p-8b-h200-open", "llama-3.1-8b", "h200",
+             (Cell(64, 4000, 256, 128, request_rate=4.0), Cell(256, 512, 512, 512)),
+             {"p99_ttft_ms": 4000.0}, "round 38: Poisson 4k prompts beside 256 chat, p99 TTFT",
+             held_out=True),
+    Scenario("p-mistral-h200-itl", "mistral-7b", "h200",
+             (Cell(192, 768, 384, 384), Cell(12, 12000, 200, 24)),
+             {"p99_itl_ms": 50.0}, "round 38: 12k prompts beside 192 chat, a p99 ITL SLO",
+             held_out=True),
+    Scenario("p-1b-h100-decode", "llama-3.2-1b", "h100-80g",
+             (Cell(384, 128, 1024, 768), Cell(32, 4000, 512, 64)),
+             {"p90_tpot_ms": 25.0}, "round 38: 384 long decodes beside 4k prompts, p90 TPOT",
+             held_out=True),
+)
 OPT_IN = (*UNSEEN, *FRESH, *ROUND21, *ROUND24, *ROUND25, *ROUND25B, *ROUND26,
-          *ROUND29, *ROUND30, *ROUND31, *ROUND37)  # where named
+          *ROUND29, *ROUND30, *ROUND31, *ROUND37, *ROUND38)  # where named
 
 
 def by_name(name: str) -> Scenario:
