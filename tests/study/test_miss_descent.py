@@ -6,9 +6,12 @@ import optuna
 from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution
 
 from tuner.bench.records import Cell
+from tuner.search.bounds import resolve_space
+from tuner.search.model import load_model_info
 from tuner.search.space_file import load_space
-from tuner.study.miss_descent import deferring, descent_moves
-from tuner.study.record import TrialRecord
+from tuner.study.miss_descent import deferring, descent_moves, held_pool
+from tuner.study.record import KV_SHARE, TrialRecord
+from tuner.trial.kv_share import KvEdge
 
 SPACE = {"cap": IntDistribution(1, 128, log=True), "y": FloatDistribution(0.0, 1.0),
          "first": CategoricalDistribution([False, True])}
@@ -82,3 +85,46 @@ def test_decode_first_defers_only_where_the_guard_calls_a_cells_prompts_long():
     assert deferring(space, cells, {**on, "long_context_threshold": 8192,
                                     "long_context_use_total_len": True}) != []
     assert deferring(space, cells, {**on, "decode_first_when_running": False}) == []
+
+
+def test_a_move_that_holds_less_keeps_its_runs_pool_where_its_share_gains_a_sliver():
+    """From the run that missed least, at its edge (KV share 1): fewer long prompts per step
+    hold less in the 8k cell and the same elsewhere, so the model draws the move a larger edge;
+    where that is within `EDGE_TOL` of the run's pool, the move runs at that pool, where the run
+    fit.  A larger gain keeps the share, and so does a move that holds more (a larger token
+    budget)."""
+    root = Path(__file__).resolve().parents[2]
+    model = load_model_info(root / "models" / "mistral-7b")
+    cells = (Cell(8, 8000, 256, 16), Cell(64, 512, 256, 128))
+    cap = 80 * 2 ** 30
+    space = resolve_space(load_space(root / "search_spaces" / "infinilm.yaml"), model, cap, cells)
+    edge = KvEdge(space, model, cap, cells)
+    knobs = {"block_size": 16, "max_batch_size": 128, "enable_graph": False,
+             "disable_prefix_caching": False, "max_num_batched_tokens": 16384,
+             "prefill_batch_cap": 64, "decode_batch_cap": 128, "long_context_threshold": 4096,
+             "long_context_max_batch": 8, "long_context_use_total_len": False,
+             "decode_first_when_running": False, KV_SHARE: 1.0}
+    dists = {k: CategoricalDistribution([v]) for k, v in knobs.items()}
+    dists["kv_cache_tokens"] = IntDistribution(4096, 10 ** 7)
+    search = {k: d for k, d in dists.items() if k != "kv_cache_tokens"}
+    fewer = {**knobs, "long_context_max_batch": 1}
+    drawn = edge.value({k: v for k, v in fewer.items() if k != KV_SHARE}, 1.0, [])
+
+    def runs(pool: int) -> list[TrialRecord]:
+        out = []
+        for number, (tokens, ttft) in enumerate([(pool, 1.1), (pool // 2, 3.0),
+                                                 (pool // 4, 5.0)]):
+            t = optuna.trial.create_trial(
+                params={**knobs, "kv_cache_tokens": tokens}, distributions=dists,
+                values=[100.0], user_attrs={"outcome": "slo"},
+                constraints={"slo:median_ttft_ms": ttft - 1.0})
+            t.number = number
+            out.append(TrialRecord.of(t))
+        return out
+    near = drawn * 99 // 100 // 16 * 16        # 1% under the move's edge, in whole blocks
+    assert held_pool(fewer, runs(near), search, edge) == near
+    assert held_pool(fewer, runs(drawn * 9 // 10), search, edge) is None   # 11% to gain
+    assert held_pool({**knobs, "max_num_batched_tokens": 32768}, runs(near), search,
+                     edge) is None
+    assert held_pool(fewer, runs(near), search, None) is None
+    assert held_pool(fewer, runs(near)[:2], search, edge) is None   # too few runs to descend from

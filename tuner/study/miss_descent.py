@@ -56,7 +56,8 @@ from tuner.study.ascent import pearson, ranks
 from tuner.study.design import level
 from tuner.study.local_moves import STEP_SCALE, position
 from tuner.study.record import KV_SHARE, TrialRecord
-from tuner.trial.memory_estimate import knobs_from_params
+from tuner.trial.kv_share import EDGE_TOL, KvEdge
+from tuner.trial.memory_estimate import Estimate, estimate, knobs_from_params
 
 MIN_RUNS = 3    # fewer healthy runs rank nothing
 MIN_MOVE = STEP_SCALE / 2   # a number nearer than this share of its range to its end stays
@@ -82,11 +83,10 @@ def descent_moves(trials: Sequence[TrialRecord], space: Mapping[str, BaseDistrib
     """The moves of the run that missed its SLOs least, one of the `steps` knobs each (what a
     step holds), strongest correlation first (see module doc); none with fewer than
     `MIN_RUNS` healthy runs or where the runs do not vary."""
-    runs = [t for t in trials if t.outcome == "slo" and t.original and t.values is not None
-            and all(k in t.params for k in space)]
-    if len(runs) < MIN_RUNS:
+    found = _least_miss(trials, space)
+    if found is None:
         return []
-    base = min(runs, key=lambda t: (_worst(t)[1], t.number))
+    runs, base = found
     metric = _worst(base)[0]
     miss = ranks([_excess(t, metric) for t in runs])
     tried = _tried(base, runs, [k for k in space if k != KV_SHARE])
@@ -97,6 +97,55 @@ def descent_moves(trials: Sequence[TrialRecord], space: Mapping[str, BaseDistrib
         for strength, value in _ways(name, dist, runs, miss, base.params[name]):
             scored.append((-strength, name, {**{k: base.params[k] for k in space}, name: value}))
     return [move for _, _, move in sorted(scored, key=lambda s: s[:2])]
+
+
+def held_pool(move: dict[str, Any], trials: Sequence[TrialRecord],
+              space: Mapping[str, BaseDistribution], edge: KvEdge | None) -> int | None:
+    """The pool of the run `move` descends from, where the move holds no more than that run in
+    any cell (the memory estimate of each cell's forward, and of the static need, at that
+    pool), so it fits where that run ran, and that run's KV share would draw it a pool larger
+    by no more than `EDGE_TOL` (a gain that small is the same run, `fresh_in`).  None
+    otherwise: the move keeps that run's share.
+
+    Why: the run descended from is often at the edge (the start-up corner is drawn there), and
+    a move that holds less in a step has, by the model, a larger edge of its own.  On the
+    Mistral-7B / A100 80 GB scenario of benchmarks/search_efficiency.py (round 38, three of ten
+    10-trial seeds) the move of the long-context cap 8 -> 5 from the corner rendered to 364.5k
+    tokens where the corner had run at 362.7k, ran out of memory (the model's edge 0.5% over the
+    simulator's), and no seed of the three measured that cap, the one that met the SLOs in the
+    other seeds.  A larger gain is kept: on the Qwen2.5-7B / RTX 4090 RAG scenario (p99 TTFT)
+    a smaller token budget from a corner at 0.75 of its edge drew 29.9k tokens where the corner
+    ran 15.5k, and met the SLO that the corner's pool missed."""
+    found = _least_miss(trials, space)
+    if edge is None or found is None or edge.param.name not in found[1].params:
+        return None
+    base = found[1]
+    name = edge.param.name
+    pool = int(base.params[name])
+    rest = {k: v for k, v in move.items() if k != KV_SHARE}
+    target = edge.carried(pool, base.params, rest)
+
+    def est(params: Mapping[str, Any], value: int) -> Estimate:
+        knobs = knobs_from_params(edge.space, {**params, name: value})
+        return estimate(edge.model, knobs, list(edge.cells))
+    was, now = est(base.params, pool), est(rest, target)
+    before = dict(was.cell_forwards)
+    if now.static > was.static or any(f > before.get(c, 0) for c, f in now.cell_forwards):
+        return None
+    share = move.get(KV_SHARE)
+    drawn = None if share is None else edge.value(rest, float(share), trials)
+    return target if drawn is not None and target < drawn <= target * (1 + EDGE_TOL) else None
+
+
+def _least_miss(trials: Sequence[TrialRecord], space: Mapping[str, BaseDistribution],
+                ) -> tuple[list[TrialRecord], TrialRecord] | None:
+    """(the healthy runs that missed, the one that missed least); None with fewer than
+    `MIN_RUNS` of them."""
+    runs = [t for t in trials if t.outcome == "slo" and t.original and t.values is not None
+            and all(k in t.params for k in space)]
+    if len(runs) < MIN_RUNS:
+        return None
+    return runs, min(runs, key=lambda t: (_worst(t)[1], t.number))
 
 
 def _ways(name: str, dist: BaseDistribution, runs: Sequence[TrialRecord],

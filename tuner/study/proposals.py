@@ -72,7 +72,7 @@ from tuner.study.local_moves import (
     neighbour,
     pattern_move,
 )
-from tuner.study.miss_descent import deferring, descent_moves, policies
+from tuner.study.miss_descent import deferring, descent_moves, held_pool, policies
 from tuner.study.open_caps import cap_moves, cap_targets, raised_budgets
 from tuner.study.pool_trades import floor_relief, pool_trade, reliefs, trades_of
 from tuner.study.record import KV_SHARE, TrialRecord, records
@@ -322,8 +322,8 @@ class GuidedSampler(BaseSampler):
         steps = {*self._limits, *self._budgets,
                  *(policies(self._edge.space) if self._edge is not None else ())}
         for cand in descent_moves(trials, search_space, steps):
-            if fresh(cand, slack):
-                return cand, None
+            if fresh(cand, slack, pinned := held_pool(cand, trials, search_space, self._edge)):
+                return cand, pinned
         move = self._ascent(trials, directions, search_space, lambda c: fresh(c, slack))
         return None if move is None else (move, None)
 
