@@ -266,8 +266,23 @@ ROUND38 = (
              {"p90_tpot_ms": 25.0}, "round 38: 384 long decodes beside 4k prompts, p90 TPOT",
              held_out=True),
 )
+# Defined in round 39 before any run: the first open-loop cell on a card where memory binds
+# (Qwen2.5-7B on an RTX 3090: Poisson 2k-token prompts at 1.5 per second, at most 32 in flight,
+# beside 48 chat requests; p99 TTFT), and Llama-3.2-3B on an H100, a pair no scenario had
+# (8k-token prompts beside 160 chat requests; p99 ITL, which a long prefill run between decode
+# steps adds to).
+ROUND39 = (
+    Scenario("q-qwen7b-3090-open", "qwen2.5-7b", "rtx3090",
+             (Cell(32, 2000, 200, 64, request_rate=1.5), Cell(48, 300, 300, 96)),
+             {"p99_ttft_ms": 10000.0}, "round 39: Poisson 2k prompts beside 48 chat on 24 GB",
+             held_out=True),
+    Scenario("q-3b-h100-itl", "llama-3.2-3b", "h100-80g",
+             (Cell(16, 8000, 128, 32), Cell(160, 256, 256, 320)),
+             {"p99_itl_ms": 40.0}, "round 39: 8k prompts beside 160 chat, a p99 ITL SLO",
+             held_out=True),
+)
 OPT_IN = (*UNSEEN, *FRESH, *ROUND21, *ROUND24, *ROUND25, *ROUND25B, *ROUND26,
-          *ROUND29, *ROUND30, *ROUND31, *ROUND37, *ROUND38)  # where named
+          *ROUND29, *ROUND30, *ROUND31, *ROUND37, *ROUND38, *ROUND39)  # where named
 
 
 def by_name(name: str) -> Scenario:
