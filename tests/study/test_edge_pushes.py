@@ -8,7 +8,7 @@ import optuna
 from optuna.distributions import FloatDistribution, IntDistribution
 from optuna.study import StudyDirection
 
-from tuner.study.edge_pushes import outgrown, promising, waiting_trade, waits
+from tuner.study.edge_pushes import outgrown, promising, unmet_push, waiting_trade, waits
 from tuner.study.record import KV_SHARE, TrialRecord
 
 SPACE = {"cap": IntDistribution(1, 128), KV_SHARE: FloatDistribution(0.0, 1.0)}
@@ -111,6 +111,31 @@ def test_while_nothing_met_the_slos_the_least_waiting_miss_lowers_its_budget_jus
     assert waiting_trade([tpot], edge, BUDGET_SPACE) is None
     assert waiting_trade([corner], _BudgetEdge(demand=8_100), BUDGET_SPACE) is None
     assert waiting_trade([corner], None, BUDGET_SPACE) is None
+
+
+@dataclass
+class _SharedEdge(_BudgetEdge):
+    """`_BudgetEdge` with the share a pool is of its edge."""
+
+    def share_of(self, params: dict[str, Any], value: int, trials: Any) -> float:
+        return value / self.edge(params, trials)
+
+
+def test_while_nothing_met_the_slos_the_least_waiting_miss_is_first_pushed_to_its_own_edge():
+    """Round 39 (Qwen2.5-7B / RTX 3090, open loop): p99 TTFT 43.6 s at a 10k pool, 8.6 s at
+    41k, so a miss of 3.3x is no bar to a push.  The corner that missed least already sits at
+    its edge (8k of 8k): the next least miss, 30k of a 56k edge, is pushed there, whatever its
+    miss.  Not a config that ran twice, not a TPOT miss, not without an edge."""
+    corner = _unmet(0, 26_000, 8_000, p99_ttft_ms=0.97)
+    worse = _unmet(1, 2_000, 30_000, cap=4, p99_ttft_ms=3.3)
+    edge: Any = _SharedEdge()
+    push = unmet_push([corner, worse], edge, BUDGET_SPACE)
+    assert push == {"cap": 4, "budget": 2_000, KV_SHARE: 1.0}
+    again = _unmet(2, 2_000, 56_000, cap=4, p99_ttft_ms=0.2)   # the push ran: twice now
+    assert unmet_push([corner, worse, again], edge, BUDGET_SPACE) is None
+    tpot = _unmet(1, 2_000, 30_000, cap=4, p99_tpot_ms=3.3)
+    assert unmet_push([corner, tpot], edge, BUDGET_SPACE) is None
+    assert unmet_push([corner, worse], None, BUDGET_SPACE) is None
 
 
 def test_a_study_waits_for_blocks_only_under_a_ttft_or_end_to_end_slo():

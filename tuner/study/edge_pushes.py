@@ -44,6 +44,19 @@ again in two of ten 10-trial studies of the Qwen2.5-7B / RTX 3090 decode scenari
 the pool that had failed), and those two ended with nothing feasible where round 25's code
 had found 0.38 and 0.76 of the best.
 
+Why, while no run has met the SLOs, the run that missed a waiting-time SLO least is first
+pushed to its own edge (`unmet_push`), before any trade: its own run measured its forward, so
+its edge is the model's best guess, where a trade's new knobs get the scale of the nearest
+measured config, of whatever kind of forward.  And why with no bound from its miss: near the
+memory edge the wait for blocks falls far faster than 1 / pool.  On the Qwen2.5-7B / RTX 3090
+open-loop scenario (2k-token prompts arriving at 1.5 per second beside chat, p99 TTFT <= 10 s,
+round 39) one config's p99 TTFT was 43.6 s at a 10k-token pool, 11.4 s at 40k and 8.6 s at 41k
+(42k ran out of memory): only pools within ~3% of the edge met the SLO, and every start-up
+point, drawn at a share of its edge, missed it.  There 15 of 19 waiting trades ran
+out of memory (the scale carried to them put the edge up to 17% high), and the study met the
+SLO first at 0.000 / 0.481 / 0.963 / 0.970 of the best (median of 10 seeds at 10 / 20 / 30 / 40
+trials); pushing the least miss first: see benchmarks/results/search_efficiency.md, round 39.
+
 Why no push past a larger pool of the same knobs that missed the SLOs the run met
 (`outgrown`): a larger pool admits more requests at once, so a TTFT or TPOT that grew past its
 limit at a larger pool grows further above it, and a push beyond that pool is a launch the
@@ -107,6 +120,22 @@ def promising(top: TrialRecord, trials: Sequence[TrialRecord], edge: KvEdge | No
             if bound > top.values[0]:
                 ranked.append((-bound, t.number, t))
     return [t for _, _, t in sorted(ranked, key=lambda r: r[:2])]
+
+
+def unmet_push(trials: Sequence[TrialRecord], edge: KvEdge | None,
+               search_space: Mapping[str, BaseDistribution]) -> dict[str, Any] | None:
+    """While no run has met the SLOs: of the runs that missed only a waiting-time SLO
+    (`_miss`) and ran once, the one that missed least, at its own edge where that is more than
+    `EDGE_TOL` above its pool (`at_edge`); None if there is none.  See module doc."""
+    if edge is None or KV_SHARE not in search_space:
+        return None
+    name = edge.param.name
+    runs = Counter(knobs_key(t.params, name) for t in trials if name in t.params)
+    missed = sorted((miss, t.number, t) for t in trials if t.original and t.values
+                    and name in t.params and runs[knobs_key(t.params, name)] == 1
+                    and (miss := _miss(t)) is not None)
+    return next((pushed for _, _, run in missed
+                 if (pushed := at_edge(run, trials, search_space, edge)) is not None), None)
 
 
 def waiting_trade(trials: Sequence[TrialRecord], edge: KvEdge | None,

@@ -55,7 +55,7 @@ from optuna.trial import FrozenTrial, TrialState
 from tuner.study import design, open_knobs
 from tuner.study.ascent import ascent_move
 from tuner.study.dead_choices import Dead, avoiding, dead_choices
-from tuner.study.edge_pushes import at_edge, promising, waiting_trade, waits
+from tuner.study.edge_pushes import at_edge, promising, unmet_push, waiting_trade, waits
 from tuner.study.flips import (
     at_pool,
     companions,
@@ -315,6 +315,9 @@ class GuidedSampler(BaseSampler):
                 (lambda p: deferring(edge.space, edge.cells, p)) if edge else (lambda p: ()))
             if retry is not None and fresh(retry, slack):
                 return retry, None
+            push = unmet_push(trials, self._edge, search_space)
+            if push is not None and fresh(push, slack):
+                return push, None
             trade = waiting_trade(trials, self._edge, search_space)
             if trade is not None and fresh(trade, slack):
                 return trade, None
