@@ -281,8 +281,27 @@ ROUND39 = (
              {"p99_itl_ms": 40.0}, "round 39: 8k prompts beside 160 chat, a p99 ITL SLO",
              held_out=True),
 )
+# Defined in round 40 before any run: two more open-loop cells on 24 GB cards where memory binds
+# (the kind round 39's q-qwen7b-3090-open failed on: Mistral-7B on an RTX 4090 under a p99 TTFT,
+# Llama-3.2-3B on an RTX 3090 with 8k-token prompts), and Llama-3.2-1B on an A100 80GB, a pair no
+# scenario had (256 chat requests beside 12k-token prompts; p90 end-to-end latency).
+ROUND40 = (
+    Scenario("r-mistral-4090-open", "mistral-7b", "rtx4090",
+             (Cell(24, 3000, 256, 48, request_rate=1.0), Cell(32, 512, 256, 64)),
+             {"p99_ttft_ms": 8000.0}, "round 40: Poisson 3k prompts beside 32 chat on 24 GB",
+             held_out=True),
+    Scenario("r-3b-3090-open", "llama-3.2-3b", "rtx3090",
+             (Cell(16, 8000, 256, 32, request_rate=0.4), Cell(64, 512, 256, 128)),
+             {"p99_ttft_ms": 15000.0}, "round 40: Poisson 8k prompts beside 64 chat on 24 GB",
+             held_out=True),
+    Scenario("r-1b-a100-80g-e2el", "llama-3.2-1b", "a100-80g",
+             (Cell(256, 512, 256, 512), Cell(8, 12000, 256, 16)),
+             {"p90_e2el_ms": 20000.0}, "round 40: 12k prompts beside 256 chat, p90 end-to-end",
+             held_out=True),
+)
 OPT_IN = (*UNSEEN, *FRESH, *ROUND21, *ROUND24, *ROUND25, *ROUND25B, *ROUND26,
-          *ROUND29, *ROUND30, *ROUND31, *ROUND37, *ROUND38, *ROUND39)  # where named
+          *ROUND29, *ROUND30, *ROUND31, *ROUND37, *ROUND38, *ROUND39,
+          *ROUND40)  # where named
 
 
 def by_name(name: str) -> Scenario:
