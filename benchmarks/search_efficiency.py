@@ -40,12 +40,13 @@ import itertools
 import math
 import multiprocessing as mp
 import pickle
+import shutil
 import sys
 import time
 import warnings
 from collections import Counter
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import optuna
 
@@ -150,21 +151,29 @@ def truth(sc: Scenario, params: dict[str, Any]) -> dict[str, Any]:
             "cost": LAUNCH_S + (res.sim_seconds or 0.0)}
 
 
-def _truth_chunk(job: tuple[str, list[dict[str, Any]]]) -> list[dict[str, Any]]:
-    return [r for combo in job[1] for r in combo_truth(by_name(job[0]), combo)]
+def _truth_chunk(job: tuple[str, list[dict[str, Any]], Path]) -> list[dict[str, Any]]:
+    """One chunk's rows, kept on disk as soon as they exist: a truth that takes longer than one
+    sitting (or is interrupted) resumes from the chunks already done."""
+    if job[2].is_file():
+        return cast(list[dict[str, Any]], pickle.loads(job[2].read_bytes()))
+    rows = [r for combo in job[1] for r in combo_truth(by_name(job[0]), combo)]
+    job[2].write_bytes(pickle.dumps(rows))
+    return rows
 
 
 def ground_truth(sc: Scenario, pool: Any) -> list[dict[str, Any]]:
     """Every grid config's truth, cached under benchmarks/out/truth/ per code version."""
     path = OUT / "truth" / f"{sc.name}-{fingerprint(sc)}.pkl"
     if path.is_file():
-        return pickle.loads(path.read_bytes())
+        return cast(list[dict[str, Any]], pickle.loads(path.read_bytes()))
     grid = sc.base_grid()
     configs = [dict(zip(grid, v)) for v in itertools.product(*grid.values())]
-    chunks = [(sc.name, configs[i::CHUNKS]) for i in range(CHUNKS)]
-    rows = [r for part in pool.map(_truth_chunk, chunks) for r in part]
-    path.parent.mkdir(parents=True, exist_ok=True)
+    parts = path.with_suffix(".parts")
+    parts.mkdir(parents=True, exist_ok=True)
+    chunks = [(sc.name, configs[i::CHUNKS], parts / f"{i}.pkl") for i in range(CHUNKS)]
+    rows = [r for part in pool.map(_truth_chunk, chunks, chunksize=1) for r in part]
     path.write_bytes(pickle.dumps(rows))
+    shutil.rmtree(parts)
     return rows
 
 
