@@ -43,13 +43,26 @@ def test_the_choice_the_miss_goes_with_is_flipped_first_from_the_run_that_missed
 
 def test_a_number_moves_halfway_to_the_end_that_goes_with_a_smaller_miss():
     """The larger the cap, the larger the TTFT miss: the cap of the run that missed least (16)
-    falls halfway to the bottom of its log range (4).  y ranks with the miss as closely and
-    is not moved: it is not among the knobs of what a step holds."""
+    falls halfway to the bottom of its log range (4), and then, last, halfway to the top (45).
+    y ranks with the miss as closely and is not moved: it is not among the knobs of what a step
+    holds."""
     runs = [_run(i, {"cap": cap, "y": y, "first": False}, ttft=t, tpot=0.5)
             for i, (cap, y, t) in enumerate([(16, 0.4, 1.1), (64, 0.6, 1.5), (128, 0.9, 3.0)])]
     moves = descent_moves(runs, SPACE, STEPS)
-    assert moves == [{"cap": 4, "y": 0.4, "first": False}]
+    assert moves == [{"cap": 4, "y": 0.4, "first": False}, {"cap": 45, "y": 0.4, "first": False}]
     assert descent_moves(runs, SPACE, STEPS + ("y",))[1] == {"cap": 16, "y": 0.2, "first": False}
+
+
+def test_a_number_whose_correlated_way_is_spent_moves_the_other_way():
+    """Over these runs a larger cap goes with a smaller miss (the runs with small caps missed
+    more for other reasons), and the run that missed least (by 1%) already has the cap at the
+    top of its range: its correlated way is spent, so the cap moves halfway down (11), the
+    move that met the SLO where a study lacked it (see module doc).  Decode-first off goes with
+    a larger miss: no flip."""
+    runs = [_run(0, {"cap": 128, "y": 0.5, "first": True}, ttft=1.01, tpot=0.5),
+            _run(1, {"cap": 4, "y": 0.2, "first": False}, ttft=3.0, tpot=0.5),
+            _run(2, {"cap": 16, "y": 0.8, "first": True}, ttft=2.0, tpot=0.5)]
+    assert descent_moves(runs, SPACE, STEPS) == [{"cap": 11, "y": 0.5, "first": True}]
 
 
 def test_nothing_to_descend_from_with_too_few_runs_or_no_miss_that_varies():

@@ -27,6 +27,19 @@ and the run missed exactly as before).  A move that leaves what a step can hold 
 as it was (a decode cap raised above the batch cap beside it) is that run again, and the
 proposals pass it by (`tuner.study.local_moves.fresh_in`).
 
+Why each number's other way too, ranked after every move the correlations rank: the runs a
+study has before anything met its SLOs were drawn far apart, and what ranks with the miss over
+them is often something else they had.  On the Mistral-7B / RTX 4090 open-loop scenario of
+benchmarks/search_efficiency.py (3k-token prompts arriving at 1 per second beside chat, p99
+TTFT <= 8 s; round 40) seed 8 found nothing feasible in 40 trials.  Its least miss (1%) had
+every cap at the top of its range and a 17k-token budget, and over its runs a larger budget
+went with a smaller miss (the small-budget draws also had decode caps of 2-8): the only move
+left was the long-context threshold, and no run lowered the budget, which met the SLO one step
+down (another run of that seed: p99 TTFT 8065 ms, 7962 at a 4k budget).  So once every
+correlated move was passed by, a number moves the other way (where its correlated way is spent:
+a cap at the end of its range, a move too small to be one), and one the runs do not rank moves
+either way.
+
 Only the knobs that decide what one step holds move: the request caps and the long-context
 guard (`SearchSpace.limits`), the token budgets (`SearchSpace.budgets`) and the choice of which
 requests go first (`POLICY_ROLES`).  A latency SLO is missed by what the steps hold: requests
@@ -81,8 +94,8 @@ def deferring(space: SearchSpace, cells: Sequence[Cell], params: dict[str, Any])
 def descent_moves(trials: Sequence[TrialRecord], space: Mapping[str, BaseDistribution],
                   steps: Collection[str]) -> list[dict[str, Any]]:
     """The moves of the run that missed its SLOs least, one of the `steps` knobs each (what a
-    step holds), strongest correlation first (see module doc); none with fewer than
-    `MIN_RUNS` healthy runs or where the runs do not vary."""
+    step holds), strongest correlation first, then each number's other way (see module doc);
+    none with fewer than `MIN_RUNS` healthy runs."""
     found = _least_miss(trials, space)
     if found is None:
         return []
@@ -151,7 +164,7 @@ def _least_miss(trials: Sequence[TrialRecord], space: Mapping[str, BaseDistribut
 def _ways(name: str, dist: BaseDistribution, runs: Sequence[TrialRecord],
           miss: Sequence[float], value: Any) -> list[tuple[float, Any]]:
     """(strength, new value) for each way to move knob `name` from `value` that goes with a
-    smaller miss over `runs`."""
+    smaller miss over `runs`; for a number, also the other way, at strength 0 (module doc)."""
     if isinstance(dist, CategoricalDistribution):
         out = []
         for choice in dist.choices:
@@ -163,11 +176,13 @@ def _ways(name: str, dist: BaseDistribution, runs: Sequence[TrialRecord],
         return out
     assert isinstance(dist, (IntDistribution, FloatDistribution))
     rho = pearson(ranks([position(t.params[name], dist) for t in runs]), miss)
-    if rho == 0:
-        return []
     here = position(value, dist)
-    moved = level(dist, here / 2 if rho > 0 else (1 + here) / 2)
-    return [] if abs(position(moved, dist) - here) < MIN_MOVE else [(abs(rho), moved)]
+    out = []
+    for down, strength in ((rho > 0, abs(rho)), (rho <= 0, 0.0)):   # the other way last
+        moved = level(dist, here / 2 if down else (1 + here) / 2)
+        if abs(position(moved, dist) - here) >= MIN_MOVE:
+            out.append((strength, moved))
+    return out
 
 
 def _tried(base: TrialRecord, runs: Sequence[TrialRecord], names: Sequence[str]) -> set[str]:
