@@ -65,6 +65,16 @@ def test_a_number_whose_correlated_way_is_spent_moves_the_other_way():
     assert descent_moves(runs, SPACE, STEPS) == [{"cap": 11, "y": 0.5, "first": True}]
 
 
+def test_a_number_the_runs_do_not_rank_moves_either_way():
+    """Every run had cap 16, so its position ranks with nothing: both ways are offered, after
+    the choice the miss goes with (decode-first on missed more)."""
+    runs = [_run(0, {"cap": 16, "y": 0.5, "first": False}, ttft=1.1, tpot=0.5),
+            _run(1, {"cap": 16, "y": 0.2, "first": True}, ttft=3.0, tpot=0.5),
+            _run(2, {"cap": 16, "y": 0.8, "first": True}, ttft=2.0, tpot=0.5)]
+    assert [{k: m[k] for k in ("cap", "first")} for m in descent_moves(runs, SPACE, STEPS)] == [
+        {"cap": 45, "first": False}, {"cap": 4, "first": False}]
+
+
 def test_nothing_to_descend_from_with_too_few_runs_or_no_miss_that_varies():
     runs = [_run(i, {"cap": 2 ** i, "y": 0.5, "first": False}, ttft=2.0, tpot=0.5)
             for i in range(3)]

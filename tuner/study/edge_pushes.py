@@ -131,11 +131,9 @@ def unmet_push(trials: Sequence[TrialRecord], edge: KvEdge | None,
         return None
     name = edge.param.name
     runs = Counter(knobs_key(t.params, name) for t in trials if name in t.params)
-    missed = sorted((miss, t.number, t) for t in trials if t.original and t.values
-                    and name in t.params and runs[knobs_key(t.params, name)] == 1
-                    and (miss := _miss(t)) is not None)
-    return next((pushed for _, _, run in missed
-                 if (pushed := at_edge(run, trials, search_space, edge)) is not None), None)
+    return next((pushed for _, run in _waiting_misses(trials, name)
+                 if runs[knobs_key(run.params, name)] == 1
+                 and (pushed := at_edge(run, trials, search_space, edge)) is not None), None)
 
 
 def waiting_trade(trials: Sequence[TrialRecord], edge: KvEdge | None,
@@ -148,9 +146,7 @@ def waiting_trade(trials: Sequence[TrialRecord], edge: KvEdge | None,
     if edge is None or KV_SHARE not in search_space:
         return None
     name = edge.param.name
-    missed = sorted((miss, t.number, t) for t in trials if t.original and t.values
-                    and name in t.params and (miss := _miss(t)) is not None)
-    for miss, _, run in missed:
+    for miss, run in _waiting_misses(trials, name):
         if traded(run, search_space, name, trials):
             continue
         rest = {k: run.params[k] for k in search_space if k != KV_SHARE}
@@ -162,6 +158,15 @@ def waiting_trade(trials: Sequence[TrialRecord], edge: KvEdge | None,
         if found:
             return {**found[0], KV_SHARE: 1.0}
     return None
+
+
+def _waiting_misses(trials: Sequence[TrialRecord],
+                    kv_name: str) -> list[tuple[float, TrialRecord]]:
+    """(miss, run) of the runs of their own that missed only a waiting-time SLO (`_miss`),
+    the least miss first (the earlier run on a tie)."""
+    missed = sorted((miss, t.number, t) for t in trials if t.original and t.values
+                    and kv_name in t.params and (miss := _miss(t)) is not None)
+    return [(miss, t) for miss, _, t in missed]
 
 
 def _holding(edge: KvEdge, trials: Sequence[TrialRecord],
