@@ -113,6 +113,18 @@ def test_while_nothing_met_the_slos_the_least_waiting_miss_lowers_its_budget_jus
     assert waiting_trade([corner], None, BUDGET_SPACE) is None
 
 
+def test_a_miss_under_the_edge_tolerance_is_traded_too():
+    """A 1% TTFT miss asks for a pool 2% (`EDGE_TOL`) larger: the budget comes down as
+    little as that needs.  Only a pool that already holds the peak demand is left alone."""
+    near = _unmet(0, 26_000, 8_000, p99_ttft_ms=0.01)
+    edge: Any = _BudgetEdge()
+    trade = waiting_trade([near], edge, BUDGET_SPACE)
+    assert trade is not None and trade[KV_SHARE] == 1.0
+    assert 25_000 < trade["budget"] < 26_000      # 60k - 2 x budget >= 8160
+    assert edge.edge(trade, []) >= 8_160
+    assert waiting_trade([near], _BudgetEdge(demand=8_100), BUDGET_SPACE) is None
+
+
 @dataclass
 class _SharedEdge(_BudgetEdge):
     """`_BudgetEdge` with the share a pool is of its edge."""
