@@ -1,5 +1,6 @@
 """Runs that missed a waiting-time SLO at a small pool, pushed once to their own edge."""
 
+import dataclasses
 from dataclasses import dataclass, field
 from types import SimpleNamespace
 from typing import Any
@@ -123,6 +124,35 @@ def test_a_miss_under_the_edge_tolerance_is_traded_too():
     assert 25_000 < trade["budget"] < 26_000      # 60k - 2 x budget >= 8160
     assert edge.edge(trade, []) >= 8_160
     assert waiting_trade([near], _BudgetEdge(demand=8_100), BUDGET_SPACE) is None
+
+
+
+@dataclass
+class _CorrectedEdge(_BudgetEdge):
+    """`_BudgetEdge`, 10k tokens lower once a run has run out of memory (its OOM corrected
+    the model)."""
+
+    def edge(self, params: dict[str, Any], trials: Any) -> int:
+        oom = any(t.outcome == "oom" for t in trials)
+        return 60_000 - 2 * int(params["budget"]) - (10_000 if oom else 0)
+
+
+def test_a_trade_that_ran_out_of_memory_is_traded_again_at_the_corrected_edge_once():
+    """The trade's OOM says nothing of the SLO: the model it corrected asks for a lower budget
+    for the same pool.  A trade that ran (met or missed) or two that ran out of memory end
+    the run's trades."""
+    corner = _unmet(0, 26_000, 8_000, p99_ttft_ms=0.97)
+    edge: Any = _CorrectedEdge()
+    first = waiting_trade([corner], edge, BUDGET_SPACE)
+    assert first is not None and 21_000 < first["budget"] <= 22_120
+    oom = _unmet(1, first["budget"], 16_000)
+    oom = dataclasses.replace(oom, outcome="oom", constraints={})
+    again = waiting_trade([corner, oom], edge, BUDGET_SPACE)
+    assert again is not None and 16_000 < again["budget"] <= 17_120   # 50k - 2 x budget
+    ran = _unmet(2, again["budget"], 16_000, p99_tpot_ms=0.5)     # ran: no more trades
+    assert waiting_trade([corner, oom, ran], edge, BUDGET_SPACE) is None
+    twice = dataclasses.replace(ran, outcome="oom", constraints={})
+    assert waiting_trade([corner, oom, twice], edge, BUDGET_SPACE) is None
 
 
 @dataclass

@@ -50,8 +50,16 @@ though a run that missed by 1% is the nearest to the SLOs a study has.  On the M
 RTX 4090 open-loop scenario (3k-token prompts at 1 per second beside chat, p99 TTFT <= 8 s)
 the start-up corner at its edge missed by 1% with a 27k-token budget, and the seeds spent their
 next turns on pushes of misses tenfold worse; traded, 4 of its 40 studies found a feasible
-config they had not, none lost one, and 12 other scenarios with a waiting-time SLO came out
+config they had not, none lost one, and 13 other scenarios with a waiting-time SLO came out
 identical (benchmarks/results/search_efficiency.md, round 41).
+
+Why a trade that ran out of memory is traded once more: its OOM says nothing of the SLOs, and
+it corrected the model's edge for its knobs (`KvEdge.edge`), so the trade asked again lands
+at a pool the card holds, or lowers the number further.  On the Qwen2.5-7B / RTX 3090
+open-loop scenario seed 0's 10-trial study traded the start-up corner's budget from 26.9k
+tokens to 2.4k; that ran out of memory 1% over the card, and the study ended with nothing
+feasible.  Traded again, the same knobs at the corrected edge met the SLO at 491 tok/s, 0.999
+of the best known (round 41).  Not after a trade that ran healthy, and not after two OOMs.
 
 Why, while no run has met the SLOs, the run that missed a waiting-time SLO least is first
 pushed to its own edge (`unmet_push`), before any trade: its own run measured its forward, so
@@ -89,7 +97,7 @@ from typing import Any
 from optuna.distributions import BaseDistribution
 from optuna.study import StudyDirection
 
-from tuner.study.pool_trades import reliefs, traded
+from tuner.study.pool_trades import reliefs, trade_runs
 from tuner.study.record import KV_SHARE, TrialRecord, knobs_key
 from tuner.trial.kv_share import EDGE_TOL, KvEdge
 
@@ -151,13 +159,14 @@ def waiting_trade(trials: Sequence[TrialRecord], edge: KvEdge | None,
     """While no run has met the SLOs: of the runs that missed only a waiting-time SLO
     (`_miss`), the one that missed least and can be traded, with the one number lowered as
     little as its edge needs to hold a pool larger than the run's by more than its miss (or the
-    workload's peak demand, where that is less), at that edge; once per run.  None if there is
-    no such run."""
+    workload's peak demand, where that is less), at that edge; once per run, twice where the
+    first ran out of memory.  None if there is no such run."""
     if edge is None or KV_SHARE not in search_space:
         return None
     name = edge.param.name
     for miss, run in _waiting_misses(trials, name):
-        if traded(run, search_space, name, trials):
+        done = trade_runs(run, search_space, name, trials)
+        if len(done) > 1 or any(t.outcome != "oom" for t in done):
             continue
         rest = {k: run.params[k] for k in search_space if k != KV_SHARE}
         pool = int(run.params[name])

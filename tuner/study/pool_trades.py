@@ -111,9 +111,15 @@ def pool_trade(top: TrialRecord, space: Mapping[str, BaseDistribution], edge: Kv
 def traded(top: TrialRecord, space: Mapping[str, BaseDistribution], kv_name: str,
            trials: Sequence[TrialRecord]) -> bool:
     """Whether a launched trial ran `top` with one number lowered (its pool aside)."""
+    return bool(trade_runs(top, space, kv_name, trials))
+
+
+def trade_runs(top: TrialRecord, space: Mapping[str, BaseDistribution], kv_name: str,
+               trials: Sequence[TrialRecord]) -> list[TrialRecord]:
+    """The launched trials that ran `top` with one number lowered (its pool aside)."""
     numbers = _numbers(space, top.params)
-    return any(_lowered(t.params, top.params, numbers, kv_name)
-               for t in trials if not t.unmeasured)
+    return [t for t in trials
+            if not t.unmeasured and _lowered(t.params, top.params, numbers, kv_name)]
 
 
 def trades_of(top: TrialRecord, space: Mapping[str, BaseDistribution], edge: KvEdge | None,
