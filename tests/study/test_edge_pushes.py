@@ -126,7 +126,6 @@ def test_a_miss_under_the_edge_tolerance_is_traded_too():
     assert waiting_trade([near], _BudgetEdge(demand=8_100), BUDGET_SPACE) is None
 
 
-
 @dataclass
 class _CorrectedEdge(_BudgetEdge):
     """`_BudgetEdge`, 10k tokens lower once a run has run out of memory (its OOM corrected

@@ -128,9 +128,8 @@ def trades_of(top: TrialRecord, space: Mapping[str, BaseDistribution], edge: KvE
     trades to re-judge at their own edge (see module doc)."""
     if edge is None or KV_SHARE not in space:
         return []
-    numbers = _numbers(space, top.params)
-    return [t for t in reversed(trials) if t.feasible and t.original
-            and _lowered(t.params, top.params, numbers, edge.param.name)]
+    return [t for t in reversed(trade_runs(top, space, edge.param.name, trials))
+            if t.feasible and t.original]
 
 
 def _lowered(params: Mapping[str, Any], top: Mapping[str, Any], numbers: Sequence[str],
