@@ -201,20 +201,40 @@ def run_study(job: tuple[str, str, int] | tuple[str, str, int, int]) -> dict[str
     if tuner:
         sampler = guided(sampler, pipeline.kv_edge, startup_trials(budget), seed,
                          limits=ctx.space.limits(), budgets=ctx.space.budgets(), trials=budget)
+    part = path.with_suffix(".part")   # a baseline's checkpoint (see `_checkpoint`)
+    if part.is_file() and not tuner:
+        done, sampler = pickle.loads(part.read_bytes())
     study = optuna.create_study(directions=["maximize"], sampler=sampler)
+    if part.is_file() and not tuner:
+        study.add_trials(done)
     if tuner:
         warm_start(study, ctx.space, argparse.Namespace(no_defaults=False, seed_config=None,
                                                         warm_start_from=None), "", OUT, pipeline)
     objective = TrialObjective(ctx, objectives, OUT / "trials", budget, pipeline=pipeline)
+    keep = [] if tuner else [_checkpoint(part, sampler)]
     while len(counted(study)) < budget and len(study.trials) < 4 * budget:
-        study.optimize(objective, n_trials=budget - len(counted(study)))
+        study.optimize(objective, n_trials=budget - len(counted(study)), callbacks=keep)
     rows = [_row(sc, t) for t in sorted(study.trials, key=lambda t: t.number)]
     away = _turned_away(sc, ctx.space, getattr(sampler, "turned_away", []))
     res = {"scenario": name, "method": method, "seed": seed, "budget": budget, "rows": rows,
            "away": away}
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_bytes(pickle.dumps(res))
+    part.unlink(missing_ok=True)
     return res
+
+
+def _checkpoint(part: Path, sampler: optuna.samplers.BaseSampler) -> Any:
+    """A callback that keeps a baseline study's trials and its sampler (its random state) on
+    disk after each trial: a study longer than one sitting (a random one on
+    p-1b-h100-decode runs over ten minutes) resumes where it stopped and draws exactly what an
+    uninterrupted run would.  Not for the tuner: its sampler holds the pipeline's model."""
+    def keep(study: optuna.Study, _: optuna.trial.FrozenTrial) -> None:
+        part.parent.mkdir(parents=True, exist_ok=True)
+        tmp = part.with_suffix(".tmp")
+        tmp.write_bytes(pickle.dumps((study.trials, sampler)))
+        tmp.replace(part)
+    return keep
 
 
 def _row(sc: Scenario, t: optuna.trial.FrozenTrial) -> dict[str, Any]:
