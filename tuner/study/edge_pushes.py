@@ -31,8 +31,8 @@ own forward.  On that Qwen2.5-7B RAG scenario the start-up point with every cap 
 27k-token prefill budget: its edge was the smallest pool (8.2k tokens, two 3k prompts) and it
 missed p99 TTFT by 97%; the ascent then raised the budget further, and 4 of 10 seeds ended 10
 trials with nothing feasible.  A budget one step lower (11k) still left the model no room for a
-larger pool; a 4k budget held 21k tokens and met the SLO.  So the trade lowers one number
-as little as it must (`tuner.study.pool_trades.reliefs`: a bisection on the calibrated model)
+larger pool; a 4k budget held 21k tokens and met the SLO.  So the trade picks the number
+that must move least (`tuner.study.pool_trades.reliefs`: a bisection on the calibrated model)
 for its edge to hold the pool the miss asks for, and runs it at that edge.  A run no single
 lowered number can cure is passed over for the next least miss.  The start-up corner, where it
 ran out of memory, is first run again at the edge its OOM corrected
@@ -43,6 +43,19 @@ SLO (`waits`): the retry is there for the trade.  Under TPOT SLOs alone it ran o
 again in two of ten 10-trial studies of the Qwen2.5-7B / RTX 3090 decode scenario (2% under
 the pool that had failed), and those two ended with nothing feasible where round 25's code
 had found 0.38 and 0.76 of the best.
+
+Why that number goes on down to its knee (the largest value whose edge is within `EDGE_TOL`
+of its edge at the bottom of its range, or that holds the workload's peak demand), not just
+as far as the miss asks: how far a miss falls with the pool is not known before the run, and
+a trade that fell short is one more launch.  On the Mistral-7B / RTX 4090 open-loop scenario
+(p99 TTFT <= 8 s, round 42) the start-up corner at its edge (a 26.9k-token budget, 20.0k
+tokens) missed by 1%; the trade asked for 2% more pool, got it at a 12.3k budget, and missed
+again, where a 2k budget held 23.3k tokens and met the SLO at 358 tok/s.  On the
+Qwen2.5-7B / RTX 4090 RAG one a trade to a 6.6k budget (17.0k tokens) missed, to the knee
+(3.6k, 38.4k tokens) it met the SLO at 793 tok/s.  A budget lowered past what the best config
+needs costs throughput only until the local moves raise it again
+(`tuner.study.open_caps.raised_budgets`).  Measured over the waiting-time scenarios of
+benchmarks/search_efficiency.py: see its results, round 42.
 
 Why a miss under `EDGE_TOL` is traded too, for a pool `EDGE_TOL` larger: until round 41 such
 a run was taken for one whose pool already held the workload's peak demand, and never traded,
@@ -94,7 +107,7 @@ from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from optuna.distributions import BaseDistribution
+from optuna.distributions import BaseDistribution, FloatDistribution, IntDistribution
 from optuna.study import StudyDirection
 
 from tuner.study.pool_trades import reliefs, trade_runs
@@ -157,10 +170,11 @@ def unmet_push(trials: Sequence[TrialRecord], edge: KvEdge | None,
 def waiting_trade(trials: Sequence[TrialRecord], edge: KvEdge | None,
                   search_space: Mapping[str, BaseDistribution]) -> dict[str, Any] | None:
     """While no run has met the SLOs: of the runs that missed only a waiting-time SLO
-    (`_miss`), the one that missed least and can be traded, with the one number lowered as
-    little as its edge needs to hold a pool larger than the run's by more than its miss (or the
-    workload's peak demand, where that is less), at that edge; once per run, twice where the
-    first ran out of memory.  None if there is no such run."""
+    (`_miss`), the one that missed least and can be traded, with the one number that its edge
+    needs lowered least to hold a pool larger than the run's by more than its miss (or the
+    workload's peak demand, where that is less), lowered on to its knee (`_knee`), at that
+    edge; once per run, twice where the first ran out of memory.  None if there is no such
+    run."""
     if edge is None or KV_SHARE not in search_space:
         return None
     name = edge.param.name
@@ -176,8 +190,25 @@ def waiting_trade(trials: Sequence[TrialRecord], edge: KvEdge | None,
             continue    # the pool already holds the peak demand: the wait is not for blocks
         found = reliefs(rest, search_space, [_holding(edge, trials, target)])
         if found:
-            return {**found[0], KV_SHARE: 1.0}
+            return {**_knee(found[0], rest, search_space, edge, trials, target), KV_SHARE: 1.0}
     return None
+
+
+def _knee(trade: dict[str, Any], rest: dict[str, Any],
+          search_space: Mapping[str, BaseDistribution], edge: KvEdge,
+          trials: Sequence[TrialRecord], target: int) -> dict[str, Any]:
+    """`trade` (`rest` with one number lowered for an edge of `target`) with that number
+    lowered on to its knee: the largest value whose edge is within `EDGE_TOL` of the edge at
+    the number's lowest value, or holds the workload's peak demand (see module doc)."""
+    name = next(k for k in trade if trade[k] != rest[k])
+    dist = search_space[name]
+    assert isinstance(dist, (IntDistribution, FloatDistribution))
+    most = edge.edge({**rest, name: dist.low}, trials)
+    goal = edge.within_demand(rest, int(most * (1 - EDGE_TOL)))
+    if goal <= target:
+        return trade
+    deeper = reliefs(rest, {name: dist}, [_holding(edge, trials, goal)])
+    return deeper[0] if deeper else trade
 
 
 def _waiting_misses(trials: Sequence[TrialRecord],

@@ -32,10 +32,7 @@ batch or decode cap of 1-5; with the last third local, the worst seed at 10 tria
 of the eight scenarios of benchmarks/search_efficiency.py (round 16), and beats-random at 10
 went 8 -> 9 of 10 seeds on Llama-3.2-1B / RTX 3090 and 8 -> 10 on Qwen2.5-7B / H100.
 
-The Llama-3.1-70B / H200 and Llama-3.2-1B / RTX 3090 figures quoted here predate the fix of
-the in-process simulator (2026-12-01): those scenarios' feasible configs were then ones whose
-pool refused their longest prompts (benchmarks/results/search_efficiency.md, round 7).  The
-mechanisms stay; those figures do not stand.
+The 70B / H200 and 1B / RTX 3090 figures here predate the simulator fix of 2026-12-01 (round 7).
 """
 
 from __future__ import annotations
@@ -302,10 +299,11 @@ class GuidedSampler(BaseSampler):
 
     def _unmet(self, trials: Sequence[TrialRecord], directions: Sequence[Any],
                search_space: dict[str, BaseDistribution], slack: Slack) -> Local | None:
-        """While no run has met the SLOs: the start-up corner again where it ran out of memory,
-        did not start or missed with decode-first on, and the study has a waiting-time SLO
-        (`tuner.study.design.corner_retry`, `tuner.study.edge_pushes.waits`), else a waiting
-        trade (`tuner.study.edge_pushes.waiting_trade`), else a descent on the least miss
+        """While no run has met the SLOs, where the study has a waiting-time SLO
+        (`tuner.study.edge_pushes.waits`): the start-up corner again where it ran out of
+        memory, did not start or missed with decode-first on (`design.corner_retry`), else the
+        least miss pushed to its edge (`unmet_push`), else a waiting trade (`waiting_trade`);
+        then a descent on the least miss that moves what a step holds
         (`tuner.study.miss_descent`), else an ascent from the run that missed least."""
         fresh = fresh_in(trials, self._edge)
         if waits(trials):
@@ -321,7 +319,6 @@ class GuidedSampler(BaseSampler):
             trade = waiting_trade(trials, self._edge, search_space)
             if trade is not None and fresh(trade, slack):
                 return trade, None
-        # what a step holds: the knobs a descent on the least miss moves
         steps = {*self._limits, *self._budgets,
                  *(policies(self._edge.space) if self._edge is not None else ())}
         for cand in descent_moves(trials, search_space, steps):
