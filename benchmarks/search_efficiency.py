@@ -202,11 +202,11 @@ def run_study(job: tuple[str, str, int] | tuple[str, str, int, int]) -> dict[str
         sampler = guided(sampler, pipeline.kv_edge, startup_trials(budget), seed,
                          limits=ctx.space.limits(), budgets=ctx.space.budgets(), trials=budget)
     part = path.with_suffix(".part")   # a baseline's checkpoint (see `_checkpoint`)
+    done: list[optuna.trial.FrozenTrial] = []
     if part.is_file() and not tuner:
         done, sampler = pickle.loads(part.read_bytes())
     study = optuna.create_study(directions=["maximize"], sampler=sampler)
-    if part.is_file() and not tuner:
-        study.add_trials(done)
+    study.add_trials(done)
     if tuner:
         warm_start(study, ctx.space, argparse.Namespace(no_defaults=False, seed_config=None,
                                                         warm_start_from=None), "", OUT, pipeline)

@@ -90,7 +90,7 @@ def pool_trade(top: TrialRecord, space: Mapping[str, BaseDistribution], edge: Kv
     if edge is None or KV_SHARE not in space or edge.param.name not in top.params:
         return None
     numbers = _numbers(space, top.params)
-    if traded(top, space, edge.param.name, trials):
+    if trade_runs(top, space, edge.param.name, trials):
         return None
     base = {k: top.params[k] for k in space}
     rest = {k: v for k, v in base.items() if k != KV_SHARE}
@@ -106,12 +106,6 @@ def pool_trade(top: TrialRecord, space: Mapping[str, BaseDistribution], edge: Kv
         if grown > gain:
             best, gain = {**base, name: lower}, grown
     return best
-
-
-def traded(top: TrialRecord, space: Mapping[str, BaseDistribution], kv_name: str,
-           trials: Sequence[TrialRecord]) -> bool:
-    """Whether a launched trial ran `top` with one number lowered (its pool aside)."""
-    return bool(trade_runs(top, space, kv_name, trials))
 
 
 def trade_runs(top: TrialRecord, space: Mapping[str, BaseDistribution], kv_name: str,
