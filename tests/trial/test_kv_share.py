@@ -628,3 +628,32 @@ def test_no_healthy_run_clears_a_config_the_servers_footprint_check_refuses():
     cal = calibrate(before, CAP, edge.knobs_of)
     assert edge.need(ran, int(ran["cb_num_blocks"]), cal, 0) > CAP
     assert room(ran, int(ran["cb_num_blocks"])) >= 0
+
+
+def test_a_shape_measured_by_other_configs_floors_the_scale_of_a_config_of_that_shape():
+    """q-qwen7b-3090-open, seed 1: runs of one prompt's prefill beside decodes measured 1.02,
+    a healthy run of five prompts' prefill proved the cell's scale at most 0.77 (its estimate
+    was loose), and a config of the first shape was sized at 0.77: 21% past its edge.  The
+    smallest scale the shape measured is a floor for a config that did not measure the cell
+    itself, whatever the number of decodes beside it; a config's own measurement stands."""
+    def loose(params):
+        """A healthy run of five prompts' prefill: no mark, room over its forward 0.77."""
+        est = Estimate(15 * GIB, int(6.23 * GIB), 2 * GIB, GIB, "big",
+                       cell_forwards=(("big", GIB),), cell_forms=(("big", "prefill of 5"),))
+        return TrialRecord.of(optuna.trial.create_trial(
+            params=params, values=[0.0],
+            distributions={n: IntDistribution(0, 100000) for n in params},
+            user_attrs={"memory_estimate": estimate_attr(est, False), "outcome": "ok",
+                        "cells": [{"cell": {"key": "big"}}]}))
+    trials = [_marked({"x": 1, "y": 1, "kv": 100}, 1.02, "prefill of 1 beside 16 decodes"),
+              _marked({"x": 1, "y": 2, "kv": 100}, 1.04, "prefill of 1 beside 11 decodes"),
+              _marked({"x": 2, "y": 2, "kv": 100}, 0.6, "prefill of 2 beside 1 decode"),
+              loose({"x": 3, "y": 3, "kv": 100})]
+    cal = calibrate(trials, CAP, lambda p: {k: v for k, v in p.items() if k != "kv"})
+    other = {"x": 2, "y": 1}                    # measured nothing of its own
+    assert cal.k("big", knobs=other) < 0.78    # the cell's bound: no shape given
+    floor = cal.k("big", knobs=other, form="prefill of 1 beside 23 decodes")
+    assert math.isclose(floor, 1.02, rel_tol=1e-6)
+    assert cal.k("big", knobs=other, form="prefill of 5") < 0.78     # no mark of that shape
+    own = cal.k("big", knobs={"x": 2, "y": 2}, form="prefill of 1 beside 3 decodes")
+    assert math.isclose(own, 0.6, rel_tol=1e-6)

@@ -52,11 +52,33 @@ class Calibration:
     seen: dict[str, float] = field(default_factory=dict)  # mechanism -> largest k measured
     # (a measured config's knobs but its pool, the scales it measured), per config
     own: list[tuple[dict[str, Any], dict[str, float]]] = field(default_factory=list)
+    shaped: dict[tuple[str, str], float] = field(default_factory=dict)  # (cell, form_class) ->
+    # the smallest k a memory mark measured on a forward of that shape, CUDA graphs or not
     _near: dict[tuple[str, str], tuple[int, float]] = field(
         default_factory=dict, compare=False, repr=False)
 
     def k(self, cell: str, graph: bool = False,
-          knobs: Mapping[str, Any] | None = None) -> float:
+          knobs: Mapping[str, Any] | None = None, form: str | None = None) -> float:
+        """`scale_of`, never below the least that memory marks measured on forwards of the
+        same shape (`form_class` of `form`), unless the config's own run measured the cell.
+
+        Why: the estimate's forward adds a prefill's activations, which every run of its shape
+        reaches, to the context of the decodes beside it, an upper bound the arrivals reach or
+        not; its error differs between shapes far more than within one.  On Qwen2.5-7B / RTX
+        3090 (q-qwen7b-3090-open, seed 1) six runs of one prompt's prefill beside decodes
+        measured 1.02-1.03 of their estimate, while a healthy run of five prompts' prefill put
+        the cell's scale at most 0.77, and the proposals sized a pool 21% past the edge for a
+        config of the first shape: two OOMs.  The least, not the largest, of the shape: the
+        largest kept pools under their edge (q-qwen7b lost 6 studies by 4-9% at 30 and 40
+        trials, results/search_efficiency.md, round 43)."""
+        scale = self.scale_of(cell, graph, knobs)
+        near = self.nearest(cell, graph, knobs) if knobs is not None else None
+        if form is None or (near is not None and near[0] == 0):
+            return scale
+        return max(scale, self.shaped.get((cell, form_class(form)), 0.0))
+
+    def scale_of(self, cell: str, graph: bool = False,
+                 knobs: Mapping[str, Any] | None = None) -> float:
         """The forward scale the edge assumes for this mechanism (see module doc); with CUDA
         graphs and no evidence of their own, what the runs without graphs taught.  For a config
         (`knobs`: its params but the pool) whose own run measured this mechanism, that
@@ -107,6 +129,13 @@ class Calibration:
         return None if dist < 0 else (dist, scale)
 
 
+def form_class(form: str) -> str:
+    """A forward's form (`tuner.trial.memory_estimate.cell_forward`) without how many decodes
+    run beside it: that count grows with the pool, the shape does not."""
+    head, beside, _ = form.partition(" beside ")
+    return f"{head} beside decodes" if beside else head
+
+
 def mechanism(cell: str, graph: bool) -> str:
     """The key of one forward scale: the cell, and whether CUDA graphs were on.  An OOM with
     graphs says little about the forward without them: on Llama-3.1-70B / H200 the first graph
@@ -138,6 +167,7 @@ def calibrate(trials: Sequence[TrialRecord], capacity: int,
     floor = {False: 0, True: 0}
     scale: dict[str, tuple[float, float]] = {}
     seen: dict[str, float] = {}
+    shaped: dict[tuple[str, str], float] = {}
     own: dict[str, tuple[dict[str, Any], dict[str, float]]] = {}
     runtimes = {g: calibrated_runtime(trials, g) for g in (False, True)}
     lazy = pool_on_first_use(trials)
@@ -168,8 +198,10 @@ def calibrate(trials: Sequence[TrialRecord], capacity: int,
                 key, ratio = mechanism(cell, graph), measured / forwards[cell]
                 seen[key] = max(seen.get(key, 0.0), ratio)
                 mine[key] = max(mine.get(key, 0.0), ratio)
+                shape = (cell, form_class(attr.get("cell_forms", {}).get(cell, "")))
+                shaped[shape] = min(shaped.get(shape, math.inf), ratio)
     mapped = [entry for entry in own.values() if entry[1]] if knobs_of is not None else []
-    return Calibration(floor, scale, seen, mapped)
+    return Calibration(floor, scale, seen, mapped, shaped)
 
 
 def proven(trials: Sequence[TrialRecord], capacity: int) -> dict[tuple[str, bool, str], float]:

@@ -186,7 +186,8 @@ class KvEdge:
                        runtime=max(runtime, cal.runtime_floor[knobs.cuda_graph] + 1))
         forwards = est.cell_forwards or ((est.peak_cell, est.forward),)
         mine = self.knobs_of(params)
-        scaled, cell = max((cal.k(c, knobs.cuda_graph, mine) * f, c) for c, f in forwards)
+        form = dict(est.cell_forms).get
+        scaled, cell = max((cal.k(c, knobs.cuda_graph, mine, form(c)) * f, c) for c, f in forwards)
         # the footprint check is exact: no scale
         return max(est.static + est.runtime + scaled, est.check_need), \
             mechanism(cell, knobs.cuda_graph), est.check_need
