@@ -314,9 +314,23 @@ ROUND41 = (
              {"p99_e2el_ms": 60000.0}, "round 41: 20k prompts beside 64 chat, p99 end-to-end",
              held_out=True),
 )
+# Defined in round 43 before any run, with the forward scale floored by its shape: an open-loop
+# cell on a 24 GB card where memory binds (the kind the Qwen2.5-7B / RTX 3090 and Mistral-7B /
+# RTX 4090 scenarios fail on), with Llama-3.1-8B; and Qwen2.5-7B / A100 80GB with open-loop
+# 6k-token prompts beside 96 chat under p99 TTFT and p99 TPOT.
+ROUND43 = (
+    Scenario("t-8b-4090-open", "llama-3.1-8b", "rtx4090",
+             (Cell(24, 2500, 256, 48, request_rate=1.2), Cell(40, 400, 200, 80)),
+             {"p99_ttft_ms": 9000.0}, "round 43: Poisson 2.5k prompts beside 40 chat on 24 GB",
+             held_out=True),
+    Scenario("t-qwen7b-a100-80g-twoslo", "qwen2.5-7b", "a100-80g",
+             (Cell(16, 6000, 256, 32, request_rate=0.5), Cell(96, 256, 256, 192)),
+             {"p99_ttft_ms": 12000.0, "p99_tpot_ms": 60.0},
+             "round 43: Poisson 6k prompts beside 96 chat, p99 TTFT and p99 TPOT", held_out=True),
+)
 OPT_IN = (*UNSEEN, *FRESH, *ROUND21, *ROUND24, *ROUND25, *ROUND25B, *ROUND26,
           *ROUND29, *ROUND30, *ROUND31, *ROUND37, *ROUND38, *ROUND39,
-          *ROUND40, *ROUND41)  # where named
+          *ROUND40, *ROUND41, *ROUND43)  # where named
 
 
 def by_name(name: str) -> Scenario:
