@@ -69,8 +69,8 @@ class Calibration:
         measured 1.02-1.03 of their estimate, while a healthy run of five prompts' prefill put
         the cell's scale at most 0.77, and the proposals sized a pool 21% past the edge for a
         config of the first shape: two OOMs.  The least, not the largest, of the shape: the
-        largest kept pools under their edge (q-qwen7b lost 6 studies by 4-9% at 30 and 40
-        trials, results/search_efficiency.md, round 43)."""
+        largest kept pools under their edge (9 q-qwen7b studies of 20-40 trials lost 4-12%,
+        benchmarks/results/search_efficiency.md, round 43)."""
         scale = self.scale_of(cell, graph, knobs)
         near = self.nearest(cell, graph, knobs) if knobs is not None else None
         if form is None or (near is not None and near[0] == 0):
