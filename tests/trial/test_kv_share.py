@@ -657,3 +657,28 @@ def test_a_shape_measured_by_other_configs_floors_the_scale_of_a_config_of_that_
     assert cal.k("big", knobs=other, form="prefill of 5") < 0.78     # no mark of that shape
     own = cal.k("big", knobs={"x": 2, "y": 2}, form="prefill of 1 beside 3 decodes")
     assert math.isclose(own, 0.6, rel_tol=1e-6)
+
+
+def test_an_oom_a_controlled_comparison_charges_to_other_knobs_leaves_the_scale_alone():
+    """q-qwen7b-3090-open, seed 7: the incumbent A ran healthy and measured its scale; its
+    flip B (x 1 -> 2) ran out of memory at a smaller pool and proved the cell's scale over
+    1.05.  The pair charges the memory to x=2: a config with A's x keeps the scale the healthy
+    runs give, one with x=2 gallops past B's bound as before, and so does every config when
+    no config is named or when B's pool was the larger."""
+    def oom(pool_gib):      # a forward 1.05 times the room: 24 - 15 - 2 GiB - its pool
+        forward = int((7 - pool_gib) / 1.05 * GIB)
+        est = Estimate(15 * GIB, int(pool_gib * GIB), 2 * GIB, forward, "big",
+                       cell_forwards=(("big", forward),))
+        return TrialRecord.of(optuna.trial.create_trial(
+            params={"x": 2, "y": 1, "kv": 100}, values=[0.0],
+            distributions={n: IntDistribution(0, 100000) for n in ("x", "y", "kv")},
+            user_attrs={"memory_estimate": estimate_attr(est, False), "outcome": "oom",
+                        "cells": [{"cell": {"key": "big"}, "error_class": "oom"}]}))
+    knobs = lambda p: {k: v for k, v in p.items() if k != "kv"}  # noqa: E731
+    healthy = _marked({"x": 1, "y": 1, "kv": 100}, 1.0)     # its pool: 4 GiB
+    cal = calibrate([healthy, oom(3.95)], CAP, knobs)        # B proved k > 1.05
+    assert math.isclose(cal.k("big", knobs={"x": 1, "y": 2}), 1.0, rel_tol=1e-6)
+    assert math.isclose(cal.k("big", knobs={"x": 2, "y": 2}), 1.05 + MIN_STEP, rel_tol=1e-3)
+    assert math.isclose(cal.k("big"), 1.05 + MIN_STEP, rel_tol=1e-3)
+    larger = calibrate([healthy, oom(4.5)], CAP, knobs)      # B's pool the larger: no pair
+    assert larger.k("big", knobs={"x": 1, "y": 2}) > 1.0

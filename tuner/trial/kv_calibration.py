@@ -54,8 +54,14 @@ class Calibration:
     own: list[tuple[dict[str, Any], dict[str, float]]] = field(default_factory=list)
     shaped: dict[tuple[str, str], float] = field(default_factory=dict)  # (cell, form_class) ->
     # the smallest k a memory mark measured on a forward of that shape, CUDA graphs or not
+    # (a config's knobs but its pool, the largest pool (bytes) it ran out of memory at, the
+    # scale each of its OOMs proved it over), per config
+    oomed: list[tuple[dict[str, Any], int, dict[str, float]]] = field(default_factory=list)
+    held: list[tuple[dict[str, Any], int]] = field(default_factory=list)  # (knobs, the largest
+    # pool it ran healthy at), per config
     _near: dict[tuple[str, str], tuple[int, float]] = field(
         default_factory=dict, compare=False, repr=False)
+    _lo: dict[tuple[str, str], float] = field(default_factory=dict, compare=False, repr=False)
 
     def k(self, cell: str, graph: bool = False,
           knobs: Mapping[str, Any] | None = None, form: str | None = None) -> float:
@@ -85,12 +91,15 @@ class Calibration:
         measurement; else the scale the nearest measured config saw (`nearest`), in place of
         the estimate's 1.0.  The scale differs between configs (0.87 to 1.14 between the
         healthy runs of one Llama-3.1-8B / RTX 4090 study), and the largest of all kept the
-        best configs' pools hundreds of MiB under their edge."""
+        best configs' pools hundreds of MiB under their edge.  Of the OOMs, those a controlled
+        comparison charges to knobs the config does not have are left out (`oom_bound`)."""
         key = mechanism(cell, graph)
         near = self.nearest(cell, graph, knobs) if knobs is not None else None
         if near is not None and near[0] == 0:
             return near[1]
         lo, hi = self.scale.get(key if key in self.scale else cell, (0.0, math.inf))
+        if knobs is not None and self.oomed:
+            lo = self.oom_bound(key if key in self.scale else cell, knobs)
         if lo >= hi:        # the runs disagree (the error differs between configs): the OOMs win
             return lo + MIN_STEP
         # the estimate (or the scale a high-water mark measured), or less where healthy runs
@@ -102,6 +111,29 @@ class Calibration:
             return healthy  # would: on 70B / H200 one did, and the filter admitted OOMs
         gallop = lo + max(lo - 1.0, MIN_STEP)   # double the under-estimate proven so far
         return min(gallop, (lo + hi) / 2)       # never past the middle of the bracket
+
+    def oom_bound(self, key: str, knobs: Mapping[str, Any]) -> float:
+        """The largest scale the OOMs proved the mechanism `key` over (0.0: none did), but for
+        an OOM a controlled comparison charges to knobs that `knobs` does not share: a config
+        that ran healthy at a pool at least as large, whose knobs `knobs` has wherever it and
+        the config that ran out differ.
+
+        Why: that pair shows which knobs took the memory, and a config without them errs as
+        the healthy one does.  On Qwen2.5-7B / RTX 3090 (q-qwen7b-3090-open, seed 7 at 30
+        trials) the incumbent ran healthy at 41.6k tokens and its flip to a 1024-token
+        long-context guard ran out of memory at 41.5k; the cell's scale galloped for every
+        config, and the incumbent's next eight neighbours, none with that guard, ran at
+        40.7k and each missed the p99 TTFT SLO the incumbent met at 41.6k (one of them, run
+        at 41.6k, fits)."""
+        def explained(theirs: Mapping[str, Any], pool: int) -> bool:
+            return any(held >= pool and (apart := [n for n, v in theirs.items() if ok.get(n) != v])
+                       and all(knobs.get(n) == ok.get(n) for n in apart)
+                       for ok, held in self.held)
+        memo = (config_key(knobs), key)
+        if memo not in self._lo:
+            self._lo[memo] = max((bounds[key] for theirs, pool, bounds in self.oomed
+                                  if key in bounds and not explained(theirs, pool)), default=0.0)
+        return self._lo[memo]
 
     def nearest(self, cell: str, graph: bool,
                 knobs: Mapping[str, Any]) -> tuple[int, float] | None:
@@ -169,6 +201,8 @@ def calibrate(trials: Sequence[TrialRecord], capacity: int,
     seen: dict[str, float] = {}
     shaped: dict[tuple[str, str], float] = {}
     own: dict[str, tuple[dict[str, Any], dict[str, float]]] = {}
+    oomed: dict[str, tuple[dict[str, Any], int, dict[str, float]]] = {}
+    held: dict[str, tuple[dict[str, Any], int]] = {}
     runtimes = {g: calibrated_runtime(trials, g) for g in (False, True)}
     lazy = pool_on_first_use(trials)
     for t in trials:
@@ -183,6 +217,7 @@ def calibrate(trials: Sequence[TrialRecord], capacity: int,
             continue
         room = capacity - attr["weights"] - attr["pool"] - runtimes[graph]
         forwards = attr.get("cell_forwards") or {attr["peak_cell"]: attr["forward"]}
+        knobs = knobs_of(t.params) if knobs_of is not None else {}
         for cell, failed in _cell_evidence(t, attr):
             forward = forwards.get(cell, 0)
             if forward <= 0:
@@ -191,7 +226,13 @@ def calibrate(trials: Sequence[TrialRecord], capacity: int,
             lo, hi = scale.get(key, (0.0, math.inf))
             bound = room / forward
             scale[key] = (max(lo, bound), hi) if failed else (lo, min(hi, bound))
-        knobs = knobs_of(t.params) if knobs_of is not None else {}
+            if failed:
+                _, ran, proved = oomed.get(config_key(knobs), (knobs, 0, {}))
+                proved[key] = max(proved.get(key, 0.0), bound)
+                oomed[config_key(knobs)] = (knobs, max(ran, int(attr["pool"])), proved)
+        if t.outcome in HEALTHY:
+            ran = max(held.get(config_key(knobs), (knobs, 0))[1], int(attr["pool"]))
+            held[config_key(knobs)] = (knobs, ran)
         mine = own.setdefault(config_key(knobs), (knobs, {}))[1]
         for cell, measured in _measured_forwards(t, attr, lazy).items():
             if forwards.get(cell, 0) > 0:
@@ -201,7 +242,9 @@ def calibrate(trials: Sequence[TrialRecord], capacity: int,
                 shape = (cell, form_class(attr.get("cell_forms", {}).get(cell, "")))
                 shaped[shape] = min(shaped.get(shape, math.inf), ratio)
     mapped = [entry for entry in own.values() if entry[1]] if knobs_of is not None else []
-    return Calibration(floor, scale, seen, mapped, shaped)
+    named = knobs_of is not None
+    return Calibration(floor, scale, seen, mapped, shaped,
+                       list(oomed.values()) if named else [], list(held.values()) if named else [])
 
 
 def proven(trials: Sequence[TrialRecord], capacity: int) -> dict[tuple[str, bool, str], float]:
