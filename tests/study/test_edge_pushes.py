@@ -9,7 +9,7 @@ import optuna
 from optuna.distributions import FloatDistribution, IntDistribution
 from optuna.study import StudyDirection
 
-from tuner.study.edge_pushes import outgrown, promising, unmet_push, waiting_trade, waits
+from tuner.study.edge_pushes import outgrown, promising, unmet_move, waits
 from tuner.study.record import KV_SHARE, TrialRecord
 
 SPACE = {"cap": IntDistribution(1, 128), KV_SHARE: FloatDistribution(0.0, 1.0)}
@@ -78,6 +78,9 @@ class _BudgetEdge(_Edge):
     def useful(self, params: dict[str, Any]) -> int | None:
         return None if self.demand >= 10 ** 6 else self.demand
 
+    def share_of(self, params: dict[str, Any], value: int, trials: Any) -> float:
+        return value / self.edge(params, trials)
+
 
 BUDGET_SPACE = {**SPACE, "budget": IntDistribution(1024, 32768, log=True)}
 
@@ -95,29 +98,31 @@ def test_while_nothing_met_the_slos_the_least_waiting_miss_lowers_its_budget_to_
     """8k tokens that missed p99 TTFT by 97% ask for a pool of 15.8k, which a budget of 22.1k
     would hold: the budget that must move least.  It comes down further, to its knee: the
     largest budget whose edge is within 2% (`EDGE_TOL`) of the edge at the bottom of its range
-    (51.8k): 4.6k, at that edge; the cap, which frees no memory, stays.  A run no edge can
-    cure is passed over; once per run; never for a TPOT miss, nor where the pool already
-    holds the workload's peak demand."""
+    (51.8k): 4.6k, at that edge; the cap, which frees no memory, stays.  The worse miss (3.3x
+    at 30k of a 51.8k edge) is not pushed first: at 1 / pool it would still miss by 1.5x.
+    Once per run (then the worse miss is pushed, whatever it would miss); never for a TPOT
+    miss, nor where the pool already holds the workload's peak demand."""
     corner = _unmet(0, 26_000, 8_000, p99_ttft_ms=0.97)
     worse = _unmet(1, 2_000, 30_000, cap=4, p99_ttft_ms=3.3)
     edge: Any = _BudgetEdge()
-    trade = waiting_trade([corner, worse], edge, BUDGET_SPACE)
+    trade = unmet_move([corner, worse], edge, BUDGET_SPACE)
     assert trade is not None
     assert trade["cap"] == 128 and trade[KV_SHARE] == 1.0
     assert 4_096 < trade["budget"] <= 4_614    # 60k - 2 x budget >= 0.98 x 51.8k
     ran = _unmet(2, trade["budget"], 50_000, p99_ttft_ms=1.5)   # the trade ran, and missed
-    assert waiting_trade([corner, worse, ran], edge, BUDGET_SPACE) is None   # once per run
+    assert unmet_move([corner, worse, ran], edge, BUDGET_SPACE) == {   # once per run
+        "cap": 4, "budget": 2_000, KV_SHARE: 1.0}
     tpot = _unmet(0, 26_000, 8_000, p99_tpot_ms=0.2)
-    assert waiting_trade([tpot], edge, BUDGET_SPACE) is None
-    assert waiting_trade([corner], _BudgetEdge(demand=8_100), BUDGET_SPACE) is None
-    assert waiting_trade([corner], None, BUDGET_SPACE) is None
+    assert unmet_move([tpot], edge, BUDGET_SPACE) is None
+    assert unmet_move([corner], _BudgetEdge(demand=8_100), BUDGET_SPACE) is None
+    assert unmet_move([corner], None, BUDGET_SPACE) is None
 
 
 def test_a_trade_stops_at_the_pool_that_holds_the_workloads_peak_demand():
     """With a peak demand of 20k tokens the knee is the budget whose edge holds 20k: 20k, not
     lower (a smaller budget would hold a pool no request of the workload uses)."""
     corner = _unmet(0, 26_000, 8_000, p99_ttft_ms=0.97)
-    trade = waiting_trade([corner], _BudgetEdge(demand=20_000), BUDGET_SPACE)
+    trade = unmet_move([corner], _BudgetEdge(demand=20_000), BUDGET_SPACE)
     assert trade is not None and 19_000 < trade["budget"] <= 20_000
 
 
@@ -126,10 +131,10 @@ def test_a_miss_under_the_edge_tolerance_is_traded_too():
     knee as for any miss.  Only a pool that already holds the peak demand is left alone."""
     near = _unmet(0, 26_000, 8_000, p99_ttft_ms=0.01)
     edge: Any = _BudgetEdge()
-    trade = waiting_trade([near], edge, BUDGET_SPACE)
+    trade = unmet_move([near], edge, BUDGET_SPACE)
     assert trade is not None and trade[KV_SHARE] == 1.0
     assert 4_096 < trade["budget"] <= 4_614
-    assert waiting_trade([near], _BudgetEdge(demand=8_100), BUDGET_SPACE) is None
+    assert unmet_move([near], _BudgetEdge(demand=8_100), BUDGET_SPACE) is None
 
 
 @dataclass
@@ -148,16 +153,16 @@ def test_a_trade_that_ran_out_of_memory_is_traded_again_at_the_corrected_edge_on
     the run's trades."""
     corner = _unmet(0, 26_000, 8_000, p99_ttft_ms=0.97)
     edge: Any = _CorrectedEdge()
-    first = waiting_trade([corner], edge, BUDGET_SPACE)
+    first = unmet_move([corner], edge, BUDGET_SPACE)
     assert first is not None and 4_096 < first["budget"] <= 4_614
     oom = _unmet(1, first["budget"], 50_000)
     oom = dataclasses.replace(oom, outcome="oom", constraints={})
-    again = waiting_trade([corner, oom], edge, BUDGET_SPACE)
+    again = unmet_move([corner, oom], edge, BUDGET_SPACE)
     assert again is not None and 4_096 < again["budget"] <= 4_614   # at the corrected edge
     ran = _unmet(2, again["budget"], 16_000, p99_tpot_ms=0.5)     # ran: no more trades
-    assert waiting_trade([corner, oom, ran], edge, BUDGET_SPACE) is None
+    assert unmet_move([corner, oom, ran], edge, BUDGET_SPACE) is None
     twice = dataclasses.replace(ran, outcome="oom", constraints={})
-    assert waiting_trade([corner, oom, twice], edge, BUDGET_SPACE) is None
+    assert unmet_move([corner, oom, twice], edge, BUDGET_SPACE) is None
 
 
 @dataclass
@@ -168,21 +173,33 @@ class _SharedEdge(_BudgetEdge):
         return value / self.edge(params, trials)
 
 
-def test_while_nothing_met_the_slos_the_least_waiting_miss_is_first_pushed_to_its_own_edge():
+def test_while_nothing_met_the_slos_a_miss_its_pool_could_cure_is_pushed_first():
     """Round 39 (Qwen2.5-7B / RTX 3090, open loop): p99 TTFT 43.6 s at a 10k pool, 8.6 s at
     41k, so a miss of 3.3x is no bar to a push.  The corner that missed least already sits at
-    its edge (8k of 8k): the next least miss, 30k of a 56k edge, is pushed there, whatever its
-    miss.  Not a config that ran twice, not a TPOT miss, not without an edge."""
+    its edge (8k of 8k); the next miss, 3.3x at 5k of a 51.8k edge, would miss by 0.6x less
+    than nothing at 1 / pool: it is pushed there before the corner is traded.  Not a config
+    that ran twice, not a TPOT miss, not without an edge."""
     corner = _unmet(0, 26_000, 8_000, p99_ttft_ms=0.97)
-    worse = _unmet(1, 2_000, 30_000, cap=4, p99_ttft_ms=3.3)
+    worse = _unmet(1, 2_000, 5_000, cap=4, p99_ttft_ms=3.3)
     edge: Any = _SharedEdge()
-    push = unmet_push([corner, worse], edge, BUDGET_SPACE)
+    push = unmet_move([corner, worse], edge, BUDGET_SPACE)
     assert push == {"cap": 4, "budget": 2_000, KV_SHARE: 1.0}
-    again = _unmet(2, 2_000, 56_000, cap=4, p99_ttft_ms=0.2)   # the push ran: twice now
-    assert unmet_push([corner, worse, again], edge, BUDGET_SPACE) is None
-    tpot = _unmet(1, 2_000, 30_000, cap=4, p99_tpot_ms=3.3)
-    assert unmet_push([corner, tpot], edge, BUDGET_SPACE) is None
-    assert unmet_push([corner, worse], None, BUDGET_SPACE) is None
+    again = _unmet(2, 2_000, 51_800, cap=4, p99_ttft_ms=0.2)   # the push ran: twice now
+    assert unmet_move([corner, worse, again], edge, BUDGET_SPACE)["cap"] == 128   # a trade
+    tpot = _unmet(1, 2_000, 5_000, cap=4, p99_tpot_ms=3.3)
+    assert unmet_move([corner, tpot], edge, BUDGET_SPACE)["cap"] == 128
+    assert unmet_move([corner, worse], None, BUDGET_SPACE) is None
+
+
+def test_a_trade_asks_for_the_most_one_number_frees_where_the_miss_asks_for_more():
+    """Round 45 (q-qwen7b-3090-open seed 6): the corner at its edge missed by 2.1x at 14.6k
+    tokens and asked for a 45k pool, more than any budget frees (41k at the bottom of its
+    range); it was never traded.  Here 8k tokens missed by 9x: a 80k pool, where the budget
+    at the bottom frees 51.8k: traded to the budget's knee all the same."""
+    corner = _unmet(0, 26_000, 8_000, p99_ttft_ms=9.0)
+    trade = unmet_move([corner], _BudgetEdge(), BUDGET_SPACE)
+    assert trade is not None and trade[KV_SHARE] == 1.0
+    assert 4_096 < trade["budget"] <= 4_614
 
 
 def test_a_study_waits_for_blocks_only_under_a_ttft_or_end_to_end_slo():

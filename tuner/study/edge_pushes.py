@@ -75,7 +75,7 @@ feasible.  Traded again, the same knobs at the corrected edge met the SLO at 491
 of the best known (round 41).  Not after a trade that ran healthy, and not after two OOMs.
 
 Why, while no run has met the SLOs, the run that missed a waiting-time SLO least is first
-pushed to its own edge (`unmet_push`), before any trade: its own run measured its forward, so
+pushed to its own edge (`unmet_move`), before any trade: its own run measured its forward, so
 its edge is the model's best guess, where a trade's new knobs get the scale of the nearest
 measured config, of whatever kind of forward.  And why with no bound from its miss: near the
 memory edge the wait for blocks falls far faster than 1 / pool.  On the Qwen2.5-7B / RTX 3090
@@ -86,6 +86,22 @@ point, drawn at a share of its edge, missed it.  There 15 of 19 waiting trades r
 out of memory (the scale carried to them put the edge up to 17% high), and the study met the
 SLO first at 0.000 / 0.481 / 0.963 / 0.970 of the best (median of 10 seeds at 10 / 20 / 30 / 40
 trials); pushing the least miss first: see benchmarks/results/search_efficiency.md, round 39.
+
+Why, while no run has met the SLOs, a push goes first only where it could miss less than the
+least miss so far, if the wait fell as 1 / pool, and the trade of the least miss comes before
+the other pushes: until round 45 every run that missed and ran once was pushed before any
+trade, whatever its miss.  On the Qwen2.5-7B / RTX 3090 open-loop scenario seed 6's 10-trial
+study pushed the start-up corner to its edge (27.5k tokens under a 4.3k-token budget; p99 TTFT
+15.1 s against 10 s), then pushed a config with a prefill cap of 1 (out of memory), the
+server's default (batch cap 8) and a config with a decode cap of 3, and traded the corner only
+with its last launch (a 3.6k budget, 40.3k tokens, 11.4 s): nothing feasible.  Now the trade
+comes at the seventh launch, and the corner at that trade's own edge (41.5k) met the SLO at
+492 tok/s, the best known.  Round 39's case stays: a 3.3x miss at a tenth of its edge is pushed
+first, since its pool could cure it.  And a trade asks for the pool the miss needs or, where
+no one number frees that much, the most one number frees (`_reach`): a 2.1x miss at 14.6k
+tokens asks for 45k, where the budget at the bottom of its range frees 41k, and until round 45
+no trade was made.  Measured on the open-loop scenarios of benchmarks/search_efficiency.py:
+see its results, round 45.
 
 Why no push past a larger pool of the same knobs that missed the SLOs the run met
 (`outgrown`): a larger pool admits more requests at once, so a TTFT or TPOT that grew past its
@@ -153,45 +169,70 @@ def promising(top: TrialRecord, trials: Sequence[TrialRecord], edge: KvEdge | No
     return [t for _, _, t in sorted(ranked, key=lambda r: r[:2])]
 
 
-def unmet_push(trials: Sequence[TrialRecord], edge: KvEdge | None,
+def unmet_move(trials: Sequence[TrialRecord], edge: KvEdge | None,
                search_space: Mapping[str, BaseDistribution]) -> dict[str, Any] | None:
     """While no run has met the SLOs: of the runs that missed only a waiting-time SLO
-    (`_miss`) and ran once, the one that missed least, at its own edge where that is more than
-    `EDGE_TOL` above its pool (`at_edge`); None if there is none.  See module doc."""
+    (`_miss`) and ran once, the least miss among those whose push to their own edge
+    (`at_edge`) would miss less than the least miss so far if the wait fell as 1 / pool
+    (`_after`), pushed; else the least miss that can be traded (`_trade`); else the least miss
+    pushed whatever it would miss; None if there is none.  See module doc."""
     if edge is None or KV_SHARE not in search_space:
         return None
     name = edge.param.name
     runs = Counter(knobs_key(t.params, name) for t in trials if name in t.params)
-    return next((pushed for _, run in _waiting_misses(trials, name)
-                 if runs[knobs_key(run.params, name)] == 1
-                 and (pushed := at_edge(run, trials, search_space, edge)) is not None), None)
+    misses = _waiting_misses(trials, name)
+    pushes = [(miss, run, pushed) for miss, run in misses
+              if runs[knobs_key(run.params, name)] == 1
+              and (pushed := at_edge(run, trials, search_space, edge)) is not None]
+    least = misses[0][0] if misses else math.inf
+    for miss, run, pushed in pushes:
+        if _after(miss, run, pushed, edge, trials) < least:
+            return pushed
+    for miss, run in misses:
+        if (traded := _trade(miss, run, trials, edge, search_space)) is not None:
+            return traded
+    return pushes[0][2] if pushes else None
 
 
-def waiting_trade(trials: Sequence[TrialRecord], edge: KvEdge | None,
-                  search_space: Mapping[str, BaseDistribution]) -> dict[str, Any] | None:
-    """While no run has met the SLOs: of the runs that missed only a waiting-time SLO
-    (`_miss`), the one that missed least and can be traded, with the one number that its edge
-    needs lowered least to hold a pool larger than the run's by more than its miss (or the
-    workload's peak demand, where that is less), lowered on to its knee (`_knee`), at that
-    edge; once per run, twice where the first ran out of memory.  None if there is no such
-    run."""
-    if edge is None or KV_SHARE not in search_space:
-        return None
+def _after(miss: float, run: TrialRecord, move: dict[str, Any], edge: KvEdge,
+           trials: Sequence[TrialRecord]) -> float:
+    """The miss of `run` moved to `move` (run at its edge) if the wait fell as 1 / pool."""
+    rest = {k: v for k, v in move.items() if k != KV_SHARE}
+    pool = edge.within_demand(rest, edge.edge(rest, trials))
+    return (1 + miss) * int(run.params[edge.param.name]) / max(pool, 1) - 1
+
+
+def _trade(miss: float, run: TrialRecord, trials: Sequence[TrialRecord], edge: KvEdge,
+           search_space: Mapping[str, BaseDistribution]) -> dict[str, Any] | None:
+    """`run` with the one number that its edge needs lowered least to hold a pool larger than
+    the run's by more than its miss (or the workload's peak demand, where that is less; or the
+    largest pool one number can reach, where that is less), lowered on to its knee (`_knee`),
+    at that edge; once per run, twice where the first ran out of memory.  None where no
+    number can raise the pool by more than `EDGE_TOL`."""
     name = edge.param.name
-    for miss, run in _waiting_misses(trials, name):
-        done = trade_runs(run, search_space, name, trials)
-        if len(done) > 1 or any(t.outcome != "oom" for t in done):
-            continue
-        rest = {k: run.params[k] for k in search_space if k != KV_SHARE}
-        pool = int(run.params[name])
-        wanted = math.ceil(pool * (1 + max(EDGE_TOL, miss)))
-        target = edge.within_demand(rest, wanted)
-        if target < wanted and target <= pool * (1 + EDGE_TOL):
-            continue    # the pool already holds the peak demand: the wait is not for blocks
-        found = reliefs(rest, search_space, [_holding(edge, trials, target)])
-        if found:
-            return {**_knee(found[0], rest, search_space, edge, trials, target), KV_SHARE: 1.0}
-    return None
+    done = trade_runs(run, search_space, name, trials)
+    if len(done) > 1 or any(t.outcome != "oom" for t in done):
+        return None
+    rest = {k: run.params[k] for k in search_space if k != KV_SHARE}
+    pool = int(run.params[name])
+    wanted = math.ceil(pool * (1 + max(EDGE_TOL, miss)))
+    target = edge.within_demand(rest, min(wanted, _reach(rest, search_space, edge, trials)))
+    if target < wanted and target <= pool * (1 + EDGE_TOL):
+        return None    # the pool already holds the peak demand, or no number frees more
+    found = reliefs(rest, search_space, [_holding(edge, trials, target)])
+    if not found:
+        return None
+    return {**_knee(found[0], rest, search_space, edge, trials, target), KV_SHARE: 1.0}
+
+
+def _reach(rest: dict[str, Any], search_space: Mapping[str, BaseDistribution], edge: KvEdge,
+           trials: Sequence[TrialRecord]) -> int:
+    """The largest pool one number of `rest` at the bottom of its range gives an edge of,
+    `EDGE_TOL` under it."""
+    lows = [edge.edge({**rest, n: d.low}, trials) for n, d in search_space.items()
+            if n != KV_SHARE and n in rest and isinstance(d, (IntDistribution, FloatDistribution))
+            and d.low < rest[n]]
+    return int(max(lows, default=0) * (1 - EDGE_TOL))
 
 
 def _knee(trade: dict[str, Any], rest: dict[str, Any],

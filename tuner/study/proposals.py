@@ -52,7 +52,7 @@ from optuna.trial import FrozenTrial, TrialState
 from tuner.study import design, open_knobs
 from tuner.study.ascent import ascent_move
 from tuner.study.dead_choices import Dead, avoiding, dead_choices
-from tuner.study.edge_pushes import at_edge, promising, unmet_push, waiting_trade, waits
+from tuner.study.edge_pushes import at_edge, promising, unmet_move, waits
 from tuner.study.flips import (
     at_pool,
     companions,
@@ -302,7 +302,7 @@ class GuidedSampler(BaseSampler):
         """While no run has met the SLOs, where the study has a waiting-time SLO
         (`tuner.study.edge_pushes.waits`): the start-up corner again where it ran out of
         memory, did not start or missed with decode-first on (`design.corner_retry`), else the
-        least miss pushed to its edge (`unmet_push`), else a waiting trade (`waiting_trade`);
+        least miss pushed to its edge or traded (`unmet_move`);
         then a descent on the least miss that moves what a step holds
         (`tuner.study.miss_descent`), else an ascent from the run that missed least."""
         fresh = fresh_in(trials, self._edge)
@@ -313,12 +313,9 @@ class GuidedSampler(BaseSampler):
                 (lambda p: deferring(edge.space, edge.cells, p)) if edge else (lambda p: ()))
             if retry is not None and fresh(retry, slack):
                 return retry, None
-            push = unmet_push(trials, self._edge, search_space)
-            if push is not None and fresh(push, slack):
-                return push, None
-            trade = waiting_trade(trials, self._edge, search_space)
-            if trade is not None and fresh(trade, slack):
-                return trade, None
+            move = unmet_move(trials, self._edge, search_space)
+            if move is not None and fresh(move, slack):
+                return move, None
         steps = {*self._limits, *self._budgets,
                  *(policies(self._edge.space) if self._edge is not None else ())}
         for cand in descent_moves(trials, search_space, steps):
