@@ -191,6 +191,20 @@ def test_while_nothing_met_the_slos_a_miss_its_pool_could_cure_is_pushed_first()
     assert unmet_move([corner, worse], None, BUDGET_SPACE) is None
 
 
+def test_a_miss_below_its_own_edge_is_no_bar_to_another_push():
+    """Round 45 (h-qwen7b-4090-rag seed 9): the least miss (23% at 19.2k tokens of a 51.8k
+    edge) was pushed and ran out of memory; the start-up corner missed by 74% at 12.9k of its
+    14k edge.  The least miss is not at its edge, so it bars no push: the corner, the next
+    least miss, is pushed, not the server's default (a 123% miss at 10k) that promises more at
+    1 / pool.  Measured against the 23%, the corner (60% at 1 / pool) was passed over."""
+    least = _unmet(0, 2_000, 19_200, cap=64, p99_ttft_ms=0.23)
+    pushed = dataclasses.replace(_unmet(1, 2_000, 21_500, cap=64), outcome="oom", constraints={})
+    corner = _unmet(2, 23_000, 12_900, p99_ttft_ms=0.74)
+    default = _unmet(3, 2_000, 10_000, cap=8, p99_ttft_ms=1.23)
+    move = unmet_move([least, pushed, corner, default], _SharedEdge(), BUDGET_SPACE)
+    assert move == {"cap": 128, "budget": 23_000, KV_SHARE: 1.0}
+
+
 def test_a_trade_asks_for_the_most_one_number_frees_where_the_miss_asks_for_more():
     """Round 45 (q-qwen7b-3090-open seed 6): the corner at its edge missed by 2.1x at 14.6k
     tokens and asked for a 45k pool, more than any budget frees (41k at the bottom of its

@@ -87,21 +87,26 @@ out of memory (the scale carried to them put the edge up to 17% high), and the s
 SLO first at 0.000 / 0.481 / 0.963 / 0.970 of the best (median of 10 seeds at 10 / 20 / 30 / 40
 trials); pushing the least miss first: see benchmarks/results/search_efficiency.md, round 39.
 
-Why, while no run has met the SLOs, a push goes first only where it could miss less than the
-least miss so far, if the wait fell as 1 / pool, and the trade of the least miss comes before
-the other pushes: until round 45 every run that missed and ran once was pushed before any
-trade, whatever its miss.  On the Qwen2.5-7B / RTX 3090 open-loop scenario seed 6's 10-trial
-study pushed the start-up corner to its edge (27.5k tokens under a 4.3k-token budget; p99 TTFT
-15.1 s against 10 s), then pushed a config with a prefill cap of 1 (out of memory), the
-server's default (batch cap 8) and a config with a decode cap of 3, and traded the corner only
-with its last launch (a 3.6k budget, 40.3k tokens, 11.4 s): nothing feasible.  Now the trade
-comes at the seventh launch, and the corner at that trade's own edge (41.5k) met the SLO at
-492 tok/s, the best known.  Round 39's case stays: a 3.3x miss at a tenth of its edge is pushed
-first, since its pool could cure it.  And a trade asks for the pool the miss needs or, where
-no one number frees that much, the most one number frees (`_reach`): a 2.1x miss at 14.6k
-tokens asks for 45k, where the budget at the bottom of its range frees 41k, and until round 45
-no trade was made.  Measured on the open-loop scenarios of benchmarks/search_efficiency.py:
-see its results, round 45.
+Why, while no run has met the SLOs, a push goes first only where it could miss less than every
+run that missed at its own edge, if the wait fell as 1 / pool, and the trade of the least miss
+comes before the other pushes: until round 45 every run that missed and ran once was pushed
+before any trade, whatever its miss. On the Qwen2.5-7B / RTX 3090 open-loop scenario seed 6's
+10-trial study pushed the start-up corner to its edge (27.5k tokens under a 4.3k-token budget;
+p99 TTFT 15.1 s against 10 s), then pushed a config with a prefill cap of 1 (out of memory),
+the server's default (batch cap 8) and a config with a decode cap of 3, and traded the corner
+only with its last launch (a 3.6k budget, 40.3k tokens, 11.4 s): nothing feasible. Now the
+trade comes at the seventh launch, and the corner at that trade's own edge (41.5k) met the SLO
+at 492 tok/s, the best known. Why runs at their edge only: a run below its edge is itself a
+push to make, not a bar for others. On the Qwen2.5-7B / RTX 4090 RAG scenario (seed 9, 10
+trials) the least miss (23%, at 78% of its edge) had been pushed and ran out of memory;
+measured against it, the corner's push (a 74% miss at 92% of its edge) was passed over for the
+server's default and a trade that ended at 486 tok/s, where the corner pushed (19%) and traded
+found 793. Round 39's case stays: a 3.3x miss at a tenth of its edge is pushed first, since its
+pool could cure it. And a trade asks for the pool the miss needs or, where no one number frees
+that much, the most one number frees (`_reach`): a 2.1x miss at 14.6k tokens asks for 45k,
+where the budget at the bottom of its range frees 41k, and until round 45 no trade was made.
+Measured on the open-loop scenarios of benchmarks/search_efficiency.py: see its results, round
+45.
 
 Why no push past a larger pool of the same knobs that missed the SLOs the run met
 (`outgrown`): a larger pool admits more requests at once, so a TTFT or TPOT that grew past its
@@ -173,9 +178,10 @@ def unmet_move(trials: Sequence[TrialRecord], edge: KvEdge | None,
                search_space: Mapping[str, BaseDistribution]) -> dict[str, Any] | None:
     """While no run has met the SLOs: of the runs that missed only a waiting-time SLO
     (`_miss`) and ran once, the least miss among those whose push to their own edge
-    (`at_edge`) would miss less than the least miss so far if the wait fell as 1 / pool
-    (`_after`), pushed; else the least miss that can be traded (`_trade`); else the least miss
-    pushed whatever it would miss; None if there is none.  See module doc."""
+    (`at_edge`) would miss less than any run that missed at its edge if the wait fell as 1 /
+    pool (`_after`), pushed; else the least miss that can be traded (`_trade`); else the least
+    miss pushed whatever it would miss; None if there is none.  At its edge: run at a share of
+    its headroom within `EDGE_TOL` of 1, or with no push left (`at_edge`).  See module doc."""
     if edge is None or KV_SHARE not in search_space:
         return None
     name = edge.param.name
@@ -184,7 +190,9 @@ def unmet_move(trials: Sequence[TrialRecord], edge: KvEdge | None,
     pushes = [(miss, run, pushed) for miss, run in misses
               if runs[knobs_key(run.params, name)] == 1
               and (pushed := at_edge(run, trials, search_space, edge)) is not None]
-    least = misses[0][0] if misses else math.inf
+    least = min((miss for miss, run in misses
+                 if float(run.params.get(KV_SHARE, 0.0)) >= 1 - EDGE_TOL
+                 or at_edge(run, trials, search_space, edge) is None), default=math.inf)
     for miss, run, pushed in pushes:
         if _after(miss, run, pushed, edge, trials) < least:
             return pushed
