@@ -176,8 +176,8 @@ class _SharedEdge(_BudgetEdge):
 def test_while_nothing_met_the_slos_a_miss_its_pool_could_cure_is_pushed_first():
     """Round 39 (Qwen2.5-7B / RTX 3090, open loop): p99 TTFT 43.6 s at a 10k pool, 8.6 s at
     41k, so a miss of 3.3x is no bar to a push.  The corner that missed least already sits at
-    its edge (8k of 8k); the next miss, 3.3x at 5k of a 51.8k edge, would miss by 0.6x less
-    than nothing at 1 / pool: it is pushed there before the corner is traded.  Not a config
+    its edge (8k of 8k); the next miss, 3.3x at 5k of a 51.8k edge, would meet the SLO at
+    1 / pool (4.3 x 5k / 51.8k < 1): it is pushed there before the corner is traded.  Not a config
     that ran twice, not a TPOT miss, not without an edge."""
     corner = _unmet(0, 26_000, 8_000, p99_ttft_ms=0.97)
     worse = _unmet(1, 2_000, 5_000, cap=4, p99_ttft_ms=3.3)

@@ -186,17 +186,17 @@ def unmet_move(trials: Sequence[TrialRecord], edge: KvEdge | None,
         return None
     name = edge.param.name
     runs = Counter(knobs_key(t.params, name) for t in trials if name in t.params)
-    misses = _waiting_misses(trials, name)
-    pushes = [(miss, run, pushed) for miss, run in misses
-              if runs[knobs_key(run.params, name)] == 1
-              and (pushed := at_edge(run, trials, search_space, edge)) is not None]
-    least = min((miss for miss, run in misses
-                 if float(run.params.get(KV_SHARE, 0.0)) >= 1 - EDGE_TOL
-                 or at_edge(run, trials, search_space, edge) is None), default=math.inf)
+    misses = [(miss, run, at_edge(run, trials, search_space, edge))
+              for miss, run in _waiting_misses(trials, name)]
+    pushes = [(miss, run, pushed) for miss, run, pushed in misses
+              if pushed is not None and runs[knobs_key(run.params, name)] == 1]
+    least = min((miss for miss, run, pushed in misses
+                 if pushed is None or float(run.params.get(KV_SHARE, 0.0)) >= 1 - EDGE_TOL),
+                default=math.inf)
     for miss, run, pushed in pushes:
         if _after(miss, run, pushed, edge, trials) < least:
             return pushed
-    for miss, run in misses:
+    for miss, run, _ in misses:
         if (traded := _trade(miss, run, trials, edge, search_space)) is not None:
             return traded
     return pushes[0][2] if pushes else None
