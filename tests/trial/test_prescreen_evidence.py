@@ -4,11 +4,15 @@ and the least forward every cell runs bars a config at the smallest scale any ru
 import math
 from pathlib import Path
 
+import optuna
+from optuna.distributions import IntDistribution
+
 from tuner.bench.records import Cell
 from tuner.search.model import load_model_info
-from tuner.trial.kv_calibration import calibrate, measured, vouched
+from tuner.study.record import TrialRecord
+from tuner.trial.kv_calibration import calibrate, measured, proven, vouched
 from tuner.trial.memory_estimate import Estimate, Knobs, act_bytes_per_token, estimate
-from tuner.trial.prescreen import decide
+from tuner.trial.prescreen import decide, estimate_attr
 
 from .test_kv_share import _marked
 
@@ -34,7 +38,9 @@ def test_a_config_measured_on_its_own_knobs_is_not_judged_by_a_far_configs_scale
     1.2 x 1.5 = 24.1 GiB); at its own 0.9 it does.  The measured-scale rule skips it unless the
     nearer measurement vouches for the cell, as it does for one knob from its own and two
     from the far one.  A config one knob from the far one, or as far from both (the tie
-    takes the larger scale, at which it does not fit), is judged by the rule."""
+    takes the larger scale, at which it does not fit), is judged by the rule; so is one a
+    knob from its own: that run measured another form, and the proposals' model sizes the
+    config at the least its form measured (`Calibration.k`), the far config's 1.2."""
     own = _marked({"x": 1, "y": 1, "kv": 100}, 0.9, "prefill of 1")
     far = _marked({"x": 2, "y": 2, "kv": 200}, 1.2, "prefill of 2")
     trials = [own, far]
@@ -48,10 +54,47 @@ def test_a_config_measured_on_its_own_knobs_is_not_judged_by_a_far_configs_scale
     assert not decide(est, CAP, trials, measured=scales, vouched=mine).skip
     assert vouched(trials, est, False, {"x": 2, "y": 3}, cal, _knobs, CAP) == frozenset()
     assert vouched(trials, est, False, {"x": 3, "y": 3}, cal, _knobs, CAP) == frozenset()
-    assert vouched(trials, est, False, {"x": 1, "y": 3}, cal, _knobs, CAP) == {"big"}
+    assert vouched(trials, est, False, {"x": 1, "y": 3}, cal, _knobs, CAP) == frozenset()
     # a nearer run that puts the scale no higher than the nearest's condemns nothing
     assert vouched([own], est, False, {"x": 1, "y": 1}, calibrate([own], CAP, _knobs),
                    _knobs, CAP) == {"big"}
+
+
+def _oom(params: dict[str, int], scale: float, form: str) -> TrialRecord:
+    """A run of `params` (pool 4 GiB) that ran out of memory in the cell "big", whose forward
+    of `form` was estimated at 3 GiB / `scale`: it proved the scale over `scale`."""
+    est = _formed(4, 3 / scale, form)
+    return TrialRecord.of(optuna.trial.create_trial(
+        params=params, values=[0.0], distributions={n: IntDistribution(0, 100000) for n in params},
+        user_attrs={"memory_estimate": estimate_attr(est, False), "outcome": "oom",
+                    "cells": [{"cell": {"key": "big"}, "error_class": "oom"}]}))
+
+
+def test_a_scale_the_proposals_model_already_exceeds_condemns_nothing():
+    """Mistral-7B / RTX 4090, seed 4: the config's nearest measured run N (a knob away)
+    measured 0.9; O, a knob away too, ran out of memory and proved the scale over 0.95, so the
+    proposals' model doubles that under-estimate to 1.0 and sizes the config at its edge by it;
+    P, two knobs away, proved 1.05, but the healthy N at a pool as large differs from P only
+    where the config has N's knob, so that OOM is charged to P's knob (`Calibration.oom_bound`).
+    At 1.05 the config does not fit (15 + 4 + 2 + 1.05 x 2.94 = 24.09 GiB).  O's 0.95 is under
+    the scale the config was sized at, so it no longer takes the cell from N's vouching, and
+    the proven-scale rule does not skip the config; the OOM that P proved still condemns it
+    for a config that has P's knob."""
+    form = "prefill of 1 beside 20 decodes"
+    own = _marked({"x": 1, "y": 1, "z": 1, "kv": 100}, 0.9, form)
+    trials = [own, _oom({"x": 2, "y": 2, "z": 1, "kv": 100}, 0.95, form),
+              _oom({"x": 1, "y": 1, "z": 2, "kv": 100}, 1.05, form)]
+    cal = calibrate(trials, CAP, _knobs)
+    config = {"x": 1, "y": 2, "z": 1}
+    assert math.isclose(cal.k("big", knobs=config, form=form), 1.0, rel_tol=1e-6)
+    est = _formed(4, 3 / 1.02, form)
+    mine = vouched(trials, est, False, config, cal, _knobs, CAP)
+    assert mine == {"big"}
+    proved = proven(trials, CAP)
+    assert math.isclose(proved[("big", False, form)], 1.05, rel_tol=1e-6)
+    assert decide(est, CAP, trials, proven=proved).skip
+    assert not decide(est, CAP, trials, proven=proved, vouched=mine).skip
+    assert vouched(trials, est, False, {"x": 1, "y": 2, "z": 2}, cal, _knobs, CAP) == frozenset()
 
 
 def test_one_prompts_prefill_at_the_smallest_scale_measured_bars_what_cannot_hold_it():

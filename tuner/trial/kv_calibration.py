@@ -310,11 +310,13 @@ def vouched(trials: Sequence[TrialRecord], est: Estimate, graph: bool, knobs: Ma
             cal: Calibration, knobs_of: Callable[[Mapping[str, Any]], dict[str, Any]],
             capacity: int) -> frozenset[str]:
     """The cells of a config (`knobs`: its params but the pool) whose forward its nearest
-    measurement vouches for: at the scale of the cell's nearest measured config
-    (`Calibration.nearest`) the forward fits, and that config is fewer knobs away than every
-    run that puts the forward of the cell's form higher (a memory mark, or the room an OOM in
-    it, or with it as its largest cell, left).  The pre-screen's rules that carry a scale or
-    a need from other configs (`tuner.trial.prescreen.decide`) do not judge such a cell.
+    measurement vouches for: at the scale the proposals' model sizes the config by
+    (`Calibration.k`: the nearest measured config's, `Calibration.nearest`, corrected by the
+    OOMs and healthy runs) the forward fits, and the nearest measured config is fewer knobs
+    away than every run that puts the forward of the cell's form higher than that scale (a
+    memory mark, or the room an OOM in it, or with it as its largest cell, left).  The
+    pre-screen's rules that carry a scale or a need from other configs
+    (`tuner.trial.prescreen.decide`) do not judge such a cell.
 
     Why: within a form the scale differs between configs, and a config errs as its own knobs
     and their neighbours do more than as a far config of the same form does
@@ -323,12 +325,19 @@ def vouched(trials: Sequence[TrialRecord], est: Estimate, graph: bool, knobs: Ma
     the search suite (round 22), each 0.1-0.8% over the card at a scale carried from another
     config (one 4.4% over by the OOM-margin rule), and each ran healthy when launched.  In all
     of them the condemned cell had been measured on the config's own knobs (7 of 11 replayed)
-    or one knob away."""
+    or one knob away.
+
+    Why that scale, not the nearest's alone: the proposals size a config by it, and an OOM
+    that proved a scale under it said nothing the model had not taken in.  Judged by the
+    nearest's scale, two pushes to the edge the model drew were skipped 0.0-0.3% over the card
+    by the scale a farther OOM proved (Qwen2.5-7B / RTX 3090 and Mistral-7B / RTX 4090 open
+    loop, round 45); both ran healthy when launched."""
     runtimes = {g: calibrated_runtime(trials, g) for g in (False, True)}
     lazy = pool_on_first_use(trials)
     forms = dict(est.cell_forms)
     near = {cell: n for cell, _ in est.cell_forwards
             if (n := cal.nearest(cell, graph, knobs)) is not None}
+    edge = {cell: cal.k(cell, graph, knobs, forms.get(cell)) for cell in near}
     far: dict[str, int] = {}
     for t in trials:
         attr = _stored(t)
@@ -343,12 +352,12 @@ def vouched(trials: Sequence[TrialRecord], est: Estimate, graph: bool, knobs: Ma
             scales |= {c: left / sized[c] for c in failed if sized.get(c, 0) > 0}
         apart = sum(knobs.get(n) != v for n, v in knobs_of(t.params).items())
         for cell, scale in scales.items():
-            if cell in near and theirs.get(cell) == forms.get(cell) and scale > near[cell][1]:
+            if cell in near and theirs.get(cell) == forms.get(cell) and scale > edge[cell]:
                 far[cell] = min(far.get(cell, apart), apart)
     room = capacity - est.static - runtimes[graph]
     forwards = dict(est.cell_forwards)
-    return frozenset(cell for cell, (apart, scale) in near.items()
-                     if apart < far.get(cell, apart + 1) and scale * forwards[cell] <= room)
+    return frozenset(cell for cell, (apart, _) in near.items()
+                     if apart < far.get(cell, apart + 1) and edge[cell] * forwards[cell] <= room)
 
 
 def _measured_forwards(t: TrialRecord, attr: Mapping[str, Any], lazy: bool) -> dict[str, int]:
