@@ -1,5 +1,7 @@
 """Pre-screen: skip only the hopeless, learn the bar from OOMs, never skip below a healthy run."""
 
+import dataclasses
+
 from optuna.trial import TrialState
 
 from tuner.study.record import TrialRecord
@@ -45,6 +47,20 @@ def test_an_oom_lowers_the_bar_to_its_need_plus_a_margin_for_the_same_mechanism(
     # a smaller forward with a larger pool: the OOM's error in the forward does not carry over
     assert not decide(_est(7.5, forward_gib=0.5), CAP, history).skip
     assert decide(_est(7.5, forward_gib=1.5), CAP, history).skip
+
+
+def test_an_oom_in_another_cell_than_its_estimated_peak_sets_no_bar_for_that_peak():
+    """Llama-3.2-3B / RTX 4090 (v-3b-4090-open, seed 8): two configs whose estimated peak is
+    the 6k-prompt cell ran out of memory in the chat cell after the 6k cell held; a config
+    with a smaller token budget (a smaller chat-cell forward, the same 6k-cell estimate) was
+    skipped as over their need, and it runs healthy.  An OOM charges its need to the cell it
+    happened in; one with no cell keys stored, to its estimated peak."""
+    def died_in(cells):
+        return dataclasses.replace(_trial(_est(6.0), "oom"), cells=[
+            {"cell": {"key": k}, "error_class": e} for k, e in cells])
+    assert not decide(_est(7.0), CAP, [died_in([("c", None), ("chat", "unhealthy")])]).skip
+    assert decide(_est(7.0), CAP, [died_in([("chat", None), ("c", "oom")])]).skip
+    assert decide(_est(7.0), CAP, [_trial(_est(6.0), "oom")]).skip      # no cell keys
 
 
 def test_an_oom_bars_only_configs_with_its_own_cuda_graph_setting():

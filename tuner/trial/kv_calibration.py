@@ -31,6 +31,7 @@ from tuner.trial.memory_estimate import Estimate
 from tuner.trial.prescreen import (
     HEALTHY,
     calibrated_runtime,
+    cell_evidence,
     pool_on_first_use,
     refused_by_check,
 )
@@ -176,21 +177,6 @@ def mechanism(cell: str, graph: bool) -> str:
     return f"{cell}+graph" if graph else cell
 
 
-def _cell_evidence(t: TrialRecord, attr: Mapping[str, Any]) -> list[tuple[str, bool]]:
-    """(cell, failed) for every cell the trial ran, in order: the cells before an OOM and every
-    cell of a healthy run held, the OOM's own cell did not.  The mechanism of an OOM is the cell
-    it happened in, not the estimate's peak cell (on Llama-3.1-70B / H200 the estimate called the
-    8k prompt the peak, while the runs died in the 2k cell's batched prefill); an OOM after all
-    cells finished without error (the capacity search's heavier load) is charged to none."""
-    keys = [row.get("cell", {}).get("key") if isinstance(row.get("cell"), Mapping) else None
-            for row in t.cells]
-    if not keys or None in keys:          # no cell keys stored: the estimate's peak cell
-        return [(attr["peak_cell"], t.outcome == "oom")]
-    after = all("error_class" in row and not row["error_class"] for row in t.cells)
-    return [(str(k), t.outcome == "oom" and not after and i == len(keys) - 1)
-            for i, k in enumerate(keys)]
-
-
 def calibrate(trials: Sequence[TrialRecord], capacity: int,
               knobs_of: Callable[[Mapping[str, Any]], dict[str, Any]] | None = None
               ) -> Calibration:
@@ -218,7 +204,7 @@ def calibrate(trials: Sequence[TrialRecord], capacity: int,
         room = capacity - attr["weights"] - attr["pool"] - runtimes[graph]
         forwards = attr.get("cell_forwards") or {attr["peak_cell"]: attr["forward"]}
         knobs = knobs_of(t.params) if knobs_of is not None else {}
-        for cell, failed in _cell_evidence(t, attr):
+        for cell, failed in cell_evidence(t, attr):
             forward = forwards.get(cell, 0)
             if forward <= 0:
                 continue
@@ -268,7 +254,7 @@ def proven(trials: Sequence[TrialRecord], capacity: int) -> dict[tuple[str, bool
         if refused_by_check(attr, runtimes[graph], capacity):
             continue
         room = capacity - attr["weights"] - attr["pool"] - runtimes[graph]
-        for cell, failed in _cell_evidence(t, attr):
+        for cell, failed in cell_evidence(t, attr):
             forward = attr["cell_forwards"].get(cell, 0)
             if failed and forward > 0:
                 key = (cell, graph, attr["cell_forms"].get(cell, ""))
@@ -348,7 +334,7 @@ def vouched(trials: Sequence[TrialRecord], est: Estimate, graph: bool, knobs: Ma
                   if sized.get(c, 0) > 0}
         if t.outcome == "oom":      # the room it left: its forward's scale was above that
             left = capacity - attr["weights"] - attr["pool"] - runtimes[bool(attr["cuda_graph"])]
-            failed = {c for c, f in _cell_evidence(t, attr) if f} | {attr["peak_cell"]}
+            failed = {c for c, f in cell_evidence(t, attr) if f} | {attr["peak_cell"]}
             scales |= {c: left / sized[c] for c in failed if sized.get(c, 0) > 0}
         apart = sum(knobs.get(n) != v for n, v in knobs_of(t.params).items())
         for cell, scale in scales.items():

@@ -17,7 +17,11 @@ own evidence:
   48k- to 51k-token pools predicted at 27.9 to 28.7 GiB, that ran healthy at 22.6 to 22.9 GiB
   when launched (benchmarks/results/h200-transformers-8b-r11).
 * OOMs: an OOM at need N lowers the bar to N (+ OOM_MARGIN of the card) for configs whose
-  largest forward comes from the same cell, with the same CUDA-graph setting (the same failure
+  largest forward comes from the same cell, the cell the OOM happened in (`cell_evidence`; on
+  Llama-3.2-3B / RTX 4090 two configs estimated to peak in a 6k-prompt cell ran out of memory
+  in the chat cell after it, and their need skipped a config with a smaller chat-cell forward
+  that runs healthy: benchmarks/results/search_efficiency.md, round 46), with the same
+  CUDA-graph setting (the same failure
   mechanism: a long prefill and a wide decode are estimated with different errors, so comparing
   needs across mechanisms skipped healthy configs in the benchmark; in r11 one OOM without
   graphs skipped the graph configs above), and whose forward is no smaller (the estimate's
@@ -145,6 +149,21 @@ def pool_on_first_use(trials: Sequence[TrialRecord]) -> bool:
                if (a := _stored(t)) is not None and t.idle_bytes is not None and t.idle_bytes > 0)
 
 
+def cell_evidence(t: TrialRecord, attr: Mapping[str, Any]) -> list[tuple[str, bool]]:
+    """(cell, failed) for every cell the trial ran, in order: the cells before an OOM and every
+    cell of a healthy run held, the OOM's own cell did not.  The mechanism of an OOM is the cell
+    it happened in, not the estimate's peak cell (on Llama-3.1-70B / H200 the estimate called the
+    8k prompt the peak, while the runs died in the 2k cell's batched prefill); an OOM after all
+    cells finished without error (the capacity search's heavier load) is charged to none."""
+    keys = [row.get("cell", {}).get("key") if isinstance(row.get("cell"), Mapping) else None
+            for row in t.cells]
+    if not keys or None in keys:          # no cell keys stored: the estimate's peak cell
+        return [(attr["peak_cell"], t.outcome == "oom")]
+    after = all("error_class" in row and not row["error_class"] for row in t.cells)
+    return [(str(k), t.outcome == "oom" and not after and i == len(keys) - 1)
+            for i, k in enumerate(keys)]
+
+
 def _check_need(attr: Mapping[str, Any], runtime: int) -> int:
     """The card the server's footprint check (module doc) asks of the config stored as
     `attr`, with this runtime overhead; 0 where there is no check."""
@@ -182,7 +201,8 @@ def decide(est: Estimate, capacity: int, trials: Sequence[TrialRecord],
                if (a := _stored(t)) is not None and t.outcome in HEALTHY]
     oom = [_need(a, runtime) for t in trials
            if (a := _stored(t)) is not None and t.outcome == "oom"
-           and a.get("peak_cell") == est.peak_cell and bool(a["cuda_graph"]) == graph
+           and a.get("peak_cell") == est.peak_cell and (est.peak_cell, True) in cell_evidence(t, a)
+           and bool(a["cuda_graph"]) == graph
            and a["forward"] <= est.forward
            and not refused_by_check(a, runtime[bool(a["cuda_graph"])], capacity)]
     prior = int(capacity * (1 + PRIOR_MARGIN))
