@@ -21,13 +21,13 @@ own evidence:
   Llama-3.2-3B / RTX 4090 two configs estimated to peak in a 6k-prompt cell ran out of memory
   in the chat cell after it, and their need skipped a config with a smaller chat-cell forward
   that runs healthy: benchmarks/results/search_efficiency.md, round 46), with the same
-  CUDA-graph setting (the same failure
-  mechanism: a long prefill and a wide decode are estimated with different errors, so comparing
-  needs across mechanisms skipped healthy configs in the benchmark; in r11 one OOM without
-  graphs skipped the graph configs above), and whose forward is no smaller (the estimate's
-  error grows with the forward: on the H200 transformers study two OOMs of 16k- and 54k-token
-  batches, estimated at 18.5 GiB, got a config with a 3k-token batch and a larger pool,
-  estimated at 21.5 GiB of a 24 GiB card, skipped without a run);
+  CUDA-graph setting (the same failure mechanism: a long prefill and a wide decode are
+  estimated with different errors, so comparing needs across mechanisms skipped healthy
+  configs in the benchmark; in r11 one OOM without graphs skipped the graph configs above),
+  and whose forward is no smaller (the estimate's error grows with the forward: on the H200
+  transformers study two OOMs of 16k- and 54k-token batches, estimated at 18.5 GiB, got a
+  config with a 3k-token batch and a larger pool, estimated at 21.5 GiB of a 24 GiB card,
+  skipped without a run);
 * proven scales: an OOM in a cell proves that cell's forward, of its form (a prefill of N
   prompts, beside M decodes or none; a decode), at least (card - weights - pool - runtime) /
   estimated forward times the estimate (`tuner.trial.kv_calibration.proven`); a config whose
