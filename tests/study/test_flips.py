@@ -4,7 +4,8 @@ import optuna
 from optuna.distributions import CategoricalDistribution, IntDistribution
 
 from tests.study.test_proposals import DISTS, SPACE, _record
-from tuner.study.flips import companions, controlled_flips, fell_over, repairs
+from tuner.bench.records import Cell
+from tuner.study.flips import at_pool, companions, controlled_flips, fell_over, repairs
 from tuner.study.record import TrialRecord
 
 
@@ -103,43 +104,79 @@ def test_a_flip_that_fell_over_of_memory_is_paired_with_another_choice_roomiest_
     assert companions(flip, base, space, slack) == [{**flip, "c": 256}, {**flip, "c": 128}]
 
 
-def test_a_flip_runs_at_the_incumbents_pool_where_the_model_allows():
-    """Graphs flipped on at the incumbent's share would get a smaller pool (the model's graph
-    need is larger); the flip keeps the pool (the tokens its whole blocks hold), or the largest
-    the model allows, and the pool is pinned for the trial that runs it."""
+def _edge(*cells):
+    """The KV edge of Llama-3.1-8B on a 24 GiB card, InfiniLM's space, for `cells`."""
     from pathlib import Path
 
-    from tuner.bench.records import Cell
     from tuner.search.bounds import resolve_space
     from tuner.search.model import load_model_info
     from tuner.search.space_file import load_space
-    from tuner.study.flips import at_pool
     from tuner.trial.kv_share import KvEdge
 
     root = Path(__file__).resolve().parents[2]
     model = load_model_info(root / "models" / "llama-3.1-8b")
-    cells, cap = (Cell(16, 1024, 256, 32),), 24 * 2 ** 30
+    cap = 24 * 2 ** 30
     space = resolve_space(load_space(root / "search_spaces" / "infinilm.yaml"), model, cap, cells)
-    edge = KvEdge(space, model, cap, cells)
-    knobs = {"block_size": 16, "max_batch_size": 16, "max_num_batched_tokens": 4096,
-             "enable_graph": False}
-    flip = {**knobs, "enable_graph": True}
-    for pool in (edge.edge(flip, []) // 2, edge.edge(knobs, [])):
-        top = TrialRecord.of(optuna.trial.create_trial(
-            params={**knobs, "kv_cache_tokens": pool}, values=[1.0], user_attrs={"outcome": "ok"},
-            distributions={"block_size": IntDistribution(16, 256), "max_batch_size":
-                           IntDistribution(1, 128), "max_num_batched_tokens":
-                           IntDistribution(1024, 32768), "enable_graph":
-                           CategoricalDistribution([False, True]), "kv_cache_tokens":
-                           IntDistribution(pool, pool)}))
+    return KvEdge(space, model, cap, cells)
+
+
+def _ran(knobs, pool):
+    """A healthy run of `knobs` at KV pool `pool` (tokens)."""
+    return TrialRecord.of(optuna.trial.create_trial(
+        params={**knobs, "kv_cache_tokens": pool}, values=[1.0], user_attrs={"outcome": "ok"},
+        distributions={k: CategoricalDistribution([v]) for k, v in knobs.items()} |
+        {"kv_cache_tokens": IntDistribution(pool, pool)}))
+
+
+CHAT = Cell(16, 1024, 256, 32)
+KNOBS = {"block_size": 16, "max_batch_size": 16, "max_num_batched_tokens": 4096,
+         "enable_graph": False}
+
+
+def test_a_flip_runs_at_the_incumbents_pool_where_the_model_allows():
+    """Graphs flipped on at the incumbent's share would get a smaller pool (the model's graph
+    need is larger); the flip keeps the pool (the tokens its whole blocks hold), or the largest
+    the model allows, and the pool is pinned for the trial that runs it."""
+    edge = _edge(CHAT)
+    flip = {**KNOBS, "enable_graph": True}
+    for pool in (edge.edge(flip, []) // 2, edge.edge(KNOBS, [])):
+        top = _ran(KNOBS, pool)
         params, pinned = at_pool({**flip, "kv_share": 0.5}, top, edge, [top])
         assert pinned == min(pool // 16 * 16, edge.edge(flip, [top]))   # whole blocks
         assert 0.0 <= params["kv_share"] <= 1.0
-    assert pinned < edge.edge(knobs, [])   # the graphs' need: the incumbent's pool did not fit
+    assert pinned < edge.edge(KNOBS, [])   # the graphs' need: the incumbent's pool did not fit
     trial = optuna.create_study().ask()
     edge.pinned[trial.number] = pinned
     assert edge.suggest(trial, dict(flip), [])["kv_cache_tokens"] == pinned
     assert not edge.pinned                 # used once: a later trial of that number renders
+
+
+def test_a_flip_that_frees_memory_runs_at_its_own_edge_where_the_incumbent_ran_at_its():
+    """Graphs switched off free the graph pool's memory: from an incumbent at its edge the flip
+    runs at the edge of its own knobs (each choice with the pool it can have); from one below
+    its edge it keeps the incumbent's pool."""
+    edge = _edge(CHAT)
+    knobs = {**KNOBS, "enable_graph": True}
+    flip = KNOBS
+    ones = edge.edge(knobs, [])
+    assert edge.edge(flip, []) > ones * 1.01           # the graphs' memory goes to KV
+    pinned = {}
+    for pool in (ones, ones // 2):
+        top = _ran(knobs, pool)
+        pinned[pool] = at_pool({**flip, "kv_share": 0.5}, top, edge, [top])[1]
+    assert pinned[ones] == edge.within_demand(flip, edge.edge(flip, []))
+    assert pinned[ones] > ones
+    assert pinned[ones // 2] == ones // 2 // 16 * 16   # below its edge: the incumbent's pool
+    # a guard that admits one long prompt at a time: the model's forward shrinks and its edge
+    # rises by half, but that memory is the estimate's guess; the flip keeps the pool
+    edge = _edge(CHAT, Cell(8, 6000, 64, 8))
+    knobs = {**knobs, "max_num_batched_tokens": 8192, "long_context_threshold": 1024,
+             "long_context_max_batch": 8}
+    guard = {**knobs, "long_context_max_batch": 1}
+    ones = edge.edge(knobs, [])
+    assert edge.edge(guard, []) > ones * 1.2
+    top = _ran(knobs, ones)
+    assert at_pool({**guard, "kv_share": 0.5}, top, edge, [top])[1] == ones // 16 * 16
 
 
 def test_the_local_move_after_a_flip_fell_over_of_memory_is_that_flip_with_a_companion():

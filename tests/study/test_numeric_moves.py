@@ -198,6 +198,12 @@ class _StudyEdge(_Edge):
     def carried(self, value, source, target):
         return value
 
+    def modelled(self, params, trials):
+        return self.edge(params, trials)
+
+    def forward(self, params, value, trials):
+        return 0.0   # no forward: a flip that moves the edge frees memory outside it
+
 
 def _ask_local(edge: _StudyEdge, runs: list[tuple[dict[str, Any], int, float]],
                trials: int | None = None, more: dict[str, Any] | None = None) -> dict[str, Any]:

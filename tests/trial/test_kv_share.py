@@ -14,9 +14,10 @@ from tuner.search.space_file import load_space
 from tuner.search.workload import load_workload
 from tuner.study.record import TrialRecord, records
 from tuner.trial.kv_calibration import MIN_STEP, Calibration, calibrate
-from tuner.trial.kv_share import EDGE_TOL, KvEdge, kv_param, peak_demand, runnable
+from tuner.trial.kv_share import EDGE_TOL, KvEdge, kv_param, peak_demand
 from tuner.trial.memory_estimate import Estimate, estimate, knobs_from_params
 from tuner.trial.prescreen import estimate_attr
+from tuner.trial.runnable_default import runnable
 
 ROOT = Path(__file__).resolve().parents[2]
 GIB = 2 ** 30

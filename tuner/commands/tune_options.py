@@ -23,7 +23,7 @@ from tuner.server.gpu import GpuState
 from tuner.sim.profiles import get_profile
 from tuner.study.record import DEFAULT_MARK, GIVEN, KV_SHARE, kv_mark
 from tuner.study.storage import find_study
-from tuner.trial.kv_share import runnable
+from tuner.trial.runnable_default import runnable
 
 if TYPE_CHECKING:
     from tuner.trial.pipeline import AdaptivePipeline
@@ -137,7 +137,7 @@ def warm_start(study: optuna.Study, space: SearchSpace, args: argparse.Namespace
     """Enqueue the warm-start configs of a fresh study; returns how many were enqueued.
 
     With a pipeline that knows the card, the server's default is made runnable first (its KV
-    pool lowered until it fits: `tuner.trial.kv_share.runnable`); with the KV share on, each
+    pool lowered until it fits: `tuner.trial.runnable_default.runnable`); with the KV share on, each
     config travels as its share plus the KV value to run (`record.kv_mark`)."""
     if study.get_trials(deepcopy=False):
         return 0  # resuming: whatever was enqueued the first time is already there

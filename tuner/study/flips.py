@@ -93,10 +93,24 @@ worse on 30 seeds (benchmarks/search_ab.py: Llama-3.2-1B mean at 30 trials .963 
 Mistral-7B at 40 .953 -> .936, Llama-3.1-70B at 40 .970 -> .963), so the flip stays at the
 edge, as every figure above was measured.
 
-The Llama-3.1-70B / H200 and Llama-3.2-1B / RTX 3090 figures quoted here predate the fix of
-the in-process simulator (2026-12-01): those scenarios' feasible configs were then ones whose
-pool refused their longest prompts (benchmarks/results/search_efficiency.md, round 7).  The
-mechanisms stay; those figures do not stand.
+Why a flip that frees memory runs at its own edge: the other way round, a flip can need less
+memory than the incumbent, and on a KV-bound workload the memory it frees is its gain.  On
+Mistral-7B / RTX 3090 (32 requests of 1.5k + 512 tokens, p90 E2EL <= 60 s; benchmarks/
+search_scenarios.py, v-mistral-3090-e2el) CUDA graphs off measured 465 tok/s at the incumbent's
+26.1k tokens against graphs on at 504, and 514 at their own edge (28.2k tokens: the graph
+pool's memory holds KV); five of ten seeds ended 30 trials with graphs on, at 0.963-0.968 of
+the best.  So where the incumbent ran at its edge, the flip runs at the incumbent's pool plus
+what the model says the flip frees (the difference of the two configs' modelled edges: where
+OOMs put the incumbent's edge under its modelled one, the model errs as much for a neighbour
+that differs in one knob), up to the flip's own edge, where that is more than `EDGE_TOL` above the
+pool.  Only where the flip's forward, at the incumbent's pool and at the new one, is no smaller
+than the incumbent's: the memory it frees is then outside the forward (the runtime each
+choice's runs calibrate), while a forward the model shrinks is the estimate's guess.  Run at
+their own edge, long-context-guard flips (the model's forward shrinks) ran out of memory three
+times in one study of Mistral-7B / RTX 4090 (open loop), decode-first flips of Qwen2.5-7B /
+RTX 3090 four times in a row (a larger pool gave the estimate's peak forward another form, with
+a smaller scale), and with the check at the new pool alone, guard flips of Mistral-7B / RTX
+3090 (RAG) three times (the larger pool's forward hid that the guard's was smaller).
 """
 
 from __future__ import annotations
@@ -108,7 +122,7 @@ from typing import Any
 from optuna.distributions import BaseDistribution, CategoricalDistribution
 
 from tuner.study.record import KV_SHARE, TrialRecord, config_key
-from tuner.trial.kv_share import KvEdge, others_key
+from tuner.trial.kv_share import EDGE_TOL, KvEdge, others_key
 
 FLAT = 0.01   # a flip that moved the objective by at most this share settled its knob as flat
 
@@ -263,10 +277,19 @@ def companions(cand: Mapping[str, Any], base: Mapping[str, Any],
 def at_pool(cand: dict[str, Any], top: TrialRecord, edge: KvEdge | None,
             trials: Sequence[TrialRecord]) -> tuple[dict[str, Any], int | None]:
     """A flip of the incumbent `top` with its share set to run at `top`'s pool where the
-    study's edge allows (see module doc), and that pool; (cand, None) without a KV edge."""
+    study's edge allows, or above it where the flip frees memory (see module doc), and that
+    pool; (cand, None) without a KV edge."""
     if edge is None or KV_SHARE not in cand or edge.param.name not in top.params:
         return cand, None
     rest = {k: v for k, v in cand.items() if k != KV_SHARE}
-    pool = min(edge.carried(int(top.params[edge.param.name]), top.params, rest),
-               edge.edge(rest, trials))
+    held, own = int(top.params[edge.param.name]), edge.edge(rest, trials)
+    pool = min(edge.carried(held, top.params, rest), own)
+    ran = dict(top.params)
+    if held >= edge.edge(ran, trials):   # a flip that frees memory: see module doc
+        gain = edge.modelled(rest, trials) - edge.carried(edge.modelled(ran, trials), ran, rest)
+        target = edge.within_demand(rest, min(own, pool + gain))
+        if target > pool * (1 + EDGE_TOL) and min(
+                edge.forward(rest, v, trials) for v in (pool, target)) >= \
+                edge.forward(ran, held, trials):
+            pool = target
     return {**cand, KV_SHARE: edge.share_of(rest, pool, trials)}, pool

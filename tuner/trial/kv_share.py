@@ -59,11 +59,9 @@ from tuner.search.space import Param, SearchSpace
 from tuner.study.record import KV_SHARE, TrialRecord, config_key, kv_value
 from tuner.trial.kv_calibration import Calibration, calibrate, mechanism, vouched
 from tuner.trial.memory_estimate import (
-    RUNTIME_HIGH_BYTES,
     Estimate,
     estimate,
     knobs_from_params,
-    runtime_prior,
 )
 from tuner.trial.prescreen import HEALTHY, calibrated_runtime
 
@@ -178,9 +176,9 @@ class KvEdge:
         return self.needs(params, value, cal, runtime)[0]
 
     def needs(self, params: dict[str, Any], value: int, cal: Calibration,
-              runtime: int) -> tuple[float, str, int]:
-        """`need`, the mechanism of its largest calibrated forward (`mechanism`), and what the
-        server's footprint check asks (0: no check)."""
+              runtime: int) -> tuple[float, str, int, float]:
+        """`need`, the mechanism of its largest calibrated forward (`mechanism`), what the
+        server's footprint check asks (0: no check), and that forward."""
         knobs = knobs_from_params(self.space, {**params, self.param.name: value})
         est = estimate(self.model, knobs, list(self.cells),
                        runtime=max(runtime, cal.runtime_floor[knobs.cuda_graph] + 1))
@@ -190,7 +188,14 @@ class KvEdge:
         scaled, cell = max((cal.k(c, knobs.cuda_graph, mine, form(c)) * f, c) for c, f in forwards)
         # the footprint check is exact: no scale
         return max(est.static + est.runtime + scaled, est.check_need), \
-            mechanism(cell, knobs.cuda_graph), est.check_need
+            mechanism(cell, knobs.cuda_graph), est.check_need, scaled
+
+
+    def forward(self, params: dict[str, Any], value: int, trials: Sequence[TrialRecord]) -> float:
+        """The config's largest calibrated forward at KV value `value` (`needs`)."""
+        graph = knobs_from_params(self.space, params).cuda_graph
+        return self.needs(params, value, calibrate(trials, self.capacity, self.knobs_of),
+                          calibrated_runtime(trials, graph))[3]
 
     def calibrated_need(self, params: dict[str, Any], trials: Sequence[TrialRecord]) -> float:
         """The need of `params` (its pool included) with what the study's runs taught: the
@@ -223,17 +228,20 @@ class KvEdge:
         """A config's params but its pool (and the share it was drawn from)."""
         return {k: v for k, v in params.items() if k not in (self.param.name, KV_SHARE)}
 
-    def edge(self, params: dict[str, Any], trials: Sequence[TrialRecord]) -> int:
-        """The largest KV value (on the knob's step) whose calibrated need fits the card,
-        corrected by the outcomes of these very knobs (`bracket`)."""
+    def modelled(self, params: dict[str, Any], trials: Sequence[TrialRecord]) -> int:
+        """The largest KV value (on the knob's step) whose calibrated need fits the card."""
         low, high, step = self._grid(params)
         cal = calibrate(trials, self.capacity, self.knobs_of)
-        graph = knobs_from_params(self.space, params).cuda_graph
-        runtime = calibrated_runtime(trials, graph)
+        runtime = calibrated_runtime(trials, knobs_from_params(self.space, params).cuda_graph)
 
         def fits(n: int) -> bool:
             return self.need(params, low + n * step, cal, runtime) <= self.capacity
-        modelled = low + (_largest(fits, (high - low) // step) if fits(0) else 0) * step
+        return low + (largest(fits, (high - low) // step) if fits(0) else 0) * step
+
+    def edge(self, params: dict[str, Any], trials: Sequence[TrialRecord]) -> int:
+        """`modelled`, corrected by the outcomes of these very knobs (`bracket`)."""
+        low, _, step = self._grid(params)
+        modelled = self.modelled(params, trials)
         healthy, ooms = self._own_pools(params, trials)
         held, failed = max(healthy, default=None), min(ooms, default=None)
         if held is None and failed is not None:
@@ -303,7 +311,7 @@ class KvEdge:
 
         def need(params: dict[str, Any], value: int) -> tuple[float, str, int]:
             graph = knobs_from_params(self.space, params).cuda_graph
-            return self.needs(params, value, cal, runtimes[graph])
+            return self.needs(params, value, cal, runtimes[graph])[:3]
         name = self.param.name
         held: dict[str, float] = {}
         oom = math.inf
@@ -368,31 +376,7 @@ def _stored_log(study: optuna.Study, name: str) -> bool:
     return False
 
 
-def runnable(space: SearchSpace, model: ModelInfo, capacity: int, cells: Sequence[Cell],
-             params: dict[str, Any]) -> dict[str, Any]:
-    """`params` with the KV knob lowered until the config fits with the high-end runtime
-    allowance: trial 0 must run, or the study starts with nothing to calibrate on.  Unchanged
-    without a KV knob value (the server sizes its own pool) or when it already fits."""
-    p = next((q for q in space.parameters if q.role in KV_ROLES), None)
-    if p is None or params.get(p.name) is None:
-        return params
-
-    def fits(value: int) -> bool:
-        knobs = knobs_from_params(space, {**params, p.name: value})
-        runtime = RUNTIME_HIGH_BYTES + runtime_prior(knobs.cuda_graph) - runtime_prior(False)
-        return estimate(model, knobs, list(cells), runtime=runtime).need <= capacity
-
-    low, step = int(p.bounds[0]), int(p.step or 1)
-    value = int(params[p.name])
-    if fits(value):
-        return params
-    if not fits(low):  # the pool is not what overflows: the smallest one is the nearest
-        return {**params, p.name: low}
-    n = _largest(lambda i: fits(low + i * step), (value - low) // step)
-    return {**params, p.name: low + n * step}
-
-
-def _largest(fits: Callable[[int], bool], top: int) -> int:
+def largest(fits: Callable[[int], bool], top: int) -> int:
     """The largest n in [0, top] with fits(n), by bisection; fits(0) must hold (need grows with
     the pool, so fits is monotone)."""
     lo, hi = 0, top
