@@ -350,9 +350,23 @@ ROUND46 = (
              {"p99_ttft_ms": 6000.0}, "round 46: Poisson 3k prompts beside 64 chat on 40 GB",
              held_out=True),
 )
+ROUND47 = (
+    Scenario("w-8b-3090-tpot", "llama-3.1-8b", "rtx3090",
+             (Cell(24, 2000, 768, 48), Cell(48, 300, 300, 96)),
+             {"p99_tpot_ms": 25.0}, "round 47: 2k prompts, 768-token answers, p99 TPOT",
+             held_out=True),
+    Scenario("w-3b-3090-open", "llama-3.2-3b", "rtx3090",
+             (Cell(16, 5000, 256, 32, request_rate=0.8), Cell(128, 300, 256, 256)),
+             {"p99_ttft_ms": 12000.0}, "round 47: Poisson 5k prompts beside 128 chat on 24 GB",
+             held_out=True),
+    Scenario("w-qwen7b-4090-e2el", "qwen2.5-7b", "rtx4090",
+             (Cell(4, 6000, 384, 8), Cell(64, 500, 200, 128)),
+             {"p99_e2el_ms": 30000.0}, "round 47: 6k prompts beside 64 chat, p99 end-to-end",
+             held_out=True),
+)
 OPT_IN = (*UNSEEN, *FRESH, *ROUND21, *ROUND24, *ROUND25, *ROUND25B, *ROUND26,
           *ROUND29, *ROUND30, *ROUND31, *ROUND37, *ROUND38, *ROUND39,
-          *ROUND40, *ROUND41, *ROUND43, *ROUND46)  # where named
+          *ROUND40, *ROUND41, *ROUND43, *ROUND46, *ROUND47)  # where named
 
 
 def by_name(name: str) -> Scenario:
