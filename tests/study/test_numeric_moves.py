@@ -56,7 +56,8 @@ def test_a_run_that_missed_its_slo_ranks_below_every_run_that_met_it():
 
 @dataclass
 class _Edge:
-    """A KV renderer whose pool grows as `budget` falls (the forward frees memory for it)."""
+    """A KV renderer whose pool grows as `budget` falls (the forward frees memory for it): a
+    budget gets the pool of the smallest listed budget at or above it."""
 
     pools: dict[int, int]
     param: Any = field(default_factory=lambda: type("P", (), {"name": "kv"})())
@@ -64,7 +65,8 @@ class _Edge:
     useful_pool: int | None = None
 
     def value(self, params, share, trials):
-        return int(share * self.pools[params["budget"]])
+        listed = [b for b in self.pools if b >= params["budget"]] or [max(self.pools)]
+        return int(share * self.pools[min(listed)])
 
     def within_demand(self, params, value):
         return value if self.useful_pool is None else min(value, self.useful_pool)
@@ -76,8 +78,14 @@ def test_a_pool_trade_lowers_the_number_that_frees_the_most_pool_once_per_incumb
     edge = _Edge({16384: 9000, 6889: 13000})   # one step down the log range: 16384 -> 6889
     move = pool_trade(top, space, edge, [top])
     assert move == {**{k: top.params[k] for k in space}, "budget": 6889}
-    # the budget's step frees nothing: no trade (cap's and y's steps change no pool here)
-    assert pool_trade(top, space, _Edge({16384: 9000, 6889: 9000}), [top]) is None
+    # the budget's step frees nothing, a budget of 2048 does: the least move that frees
+    # memory, by bisection (cap's and y's moves change no pool here)
+    move = pool_trade(top, space, _Edge({16384: 9000, 2048: 12000}), [top])
+    assert move is not None and 1900 <= move["budget"] <= 2048
+    assert {k: v for k, v in move.items() if k != "budget"} == \
+        {k: v for k, v in top.params.items() if k in space and k != "budget"}
+    # nothing frees memory: no trade
+    assert pool_trade(top, space, _Edge({16384: 9000, 1024: 9000}), [top]) is None
     # once a run has tried the incumbent with one number lowered, no second trade
     tried = _run(1, {**move, "cap": 8}, 5.5, kv=13000)
     assert pool_trade(top, space, edge, [top, tried]) is None

@@ -13,6 +13,19 @@ raises the pool most, at the incumbent's share of the new edge, if that is by mo
 `KvEdge.within_demand`).  The run then says whether the pool pays for what the lower setting
 costs.  One trade per incumbent.
 
+Why a number whose step frees nothing is lowered on to the least move that frees: the
+estimate's forward changes by forms (a prefill of three prompts, then of two), so the pool a
+number holds down moves in steps, and one step of the number can free nothing where a longer
+move frees much.  On Llama-3.1-8B / RTX 3090 (24 requests of 2k-token prompts with 768-token
+answers beside chat, p99 TPOT <= 25 ms; benchmarks/search_scenarios.py, w-8b-3090-tpot) the
+incumbents held a 15.5k-token prefill budget beside a 7.8-8.4k-token pool: one more prompt's
+room (8.5k tokens) lets the estimate batch three 2k-token prompts' prefill, 1.2 GiB more forward
+than two.  The budget's step (to 6.5k) still batches three, so there was no trade, and 7 of 10
+seeds ended 40 trials at 0.60 of the best known.  So where no number's step frees more than
+`EDGE_TOL`, the number that must move least to do so (`reliefs`: a bisection on the calibrated
+model) is lowered that far: in two of those seeds a 6.0k budget, 10.9k tokens, 0.83 of the
+best (benchmarks/results/search_efficiency.md, round 47).
+
 Why a trade is run again at its own edge: the model puts the traded config's pool where its
 forward, scaled as the incumbent's measured, leaves room, and that guess can be short.  On the
 fresh Mistral-7B / RTX 4090 scenario a trade of a 21.9k-token prefill budget to 9.2k ran a
@@ -95,16 +108,19 @@ def pool_trade(top: TrialRecord, space: Mapping[str, BaseDistribution], edge: Kv
     base = {k: top.params[k] for k in space}
     rest = {k: v for k, v in base.items() if k != KV_SHARE}
     pool = int(top.params[edge.param.name])
+    share = float(base[KV_SHARE])
+
+    def grown(cand: dict[str, Any]) -> float:   # a pool past the peak demand buys nothing
+        return edge.within_demand(cand, edge.value(cand, share, trials)) / pool - 1
     best, gain = None, EDGE_TOL
     for name in numbers:
         lower = shift(base[name], space[name], -STEP_SCALE)
-        if lower == base[name]:
-            continue
-        cand = {**rest, name: lower}   # a pool past the workload's peak demand buys nothing
-        grown = edge.within_demand(cand, edge.value(cand, float(base[KV_SHARE]), trials)) \
-            / pool - 1
-        if grown > gain:
-            best, gain = {**base, name: lower}, grown
+        if lower != base[name] and (more := grown({**rest, name: lower})) > gain:
+            best, gain = {**base, name: lower}, more
+    if best is None:   # no step frees memory: the least move that does (see module doc)
+        deeper = reliefs(rest, {n: space[n] for n in numbers},
+                         [lambda cand: grown(cand) > EDGE_TOL])
+        best = {**deeper[0], KV_SHARE: share} if deeper else None
     return best
 
 
