@@ -118,8 +118,7 @@ def pool_trade(top: TrialRecord, space: Mapping[str, BaseDistribution], edge: Kv
         if lower != base[name] and (more := grown({**rest, name: lower})) > gain:
             best, gain = {**base, name: lower}, more
     if best is None:   # no step frees memory: the least move that does (see module doc)
-        deeper = reliefs(rest, {n: space[n] for n in numbers},
-                         [lambda cand: grown(cand) > EDGE_TOL])
+        deeper = reliefs(rest, space, [lambda cand: grown(cand) > EDGE_TOL])
         best = {**deeper[0], KV_SHARE: share} if deeper else None
     return best
 
