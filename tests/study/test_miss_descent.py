@@ -151,3 +151,38 @@ def test_a_move_that_holds_less_keeps_its_runs_pool_where_its_share_gains_a_sliv
                      edge) is None
     assert held_pool(fewer, runs(near), search, None) is None
     assert held_pool(fewer, runs(near)[:2], search, edge) is None   # too few runs to descend from
+
+
+GRAPHS = {**SPACE, "graphs": CategoricalDistribution([False, True])}
+
+
+def _graph_run(number: int, cap: int, graphs: bool, ttft: float, tpot: float) -> TrialRecord:
+    params = {"cap": cap, "y": number / 10, "first": False, "graphs": graphs}
+    t = optuna.trial.create_trial(
+        params=params, distributions={k: GRAPHS[k] for k in params}, values=[100.0],
+        user_attrs={"outcome": "slo"},
+        constraints={"slo:median_ttft_ms": ttft - 1.0, "slo:p99_tpot_ms": tpot - 1.0})
+    t.number = number
+    return TrialRecord.of(t)
+
+
+def test_a_per_token_miss_turns_the_faster_decode_step_on_before_any_number_moves_its_other_way():
+    """Every run missed p99 TPOT; graphs on went with the larger misses (they came with small
+    caps), so the correlation alone never turns them on.  A per-token miss is made of decode
+    steps, and graphs make a step faster: turned on, they rank after the correlated cap move
+    and ahead of the cap's other way (see module doc)."""
+    runs = [_graph_run(0, 16, False, ttft=0.5, tpot=1.02),
+            _graph_run(1, 4, True, ttft=0.5, tpot=3.0),
+            _graph_run(2, 64, False, ttft=0.5, tpot=1.5)]
+    moves = descent_moves(runs, GRAPHS, STEPS, fast=("graphs",))
+    base = {"cap": 16, "y": 0.0, "first": False, "graphs": False}
+    assert moves == [{**base, "cap": 45}, {**base, "graphs": True}, {**base, "cap": 4}]
+    assert descent_moves(runs, GRAPHS, STEPS) == [{**base, "cap": 45}, {**base, "cap": 4}]
+
+
+def test_a_waiting_time_miss_leaves_the_decode_step_speed_to_the_correlations():
+    """The run that missed least missed the TTFT SLO most: graphs are not turned on for it."""
+    runs = [_graph_run(0, 16, False, ttft=1.02, tpot=0.5),
+            _graph_run(1, 4, True, ttft=3.0, tpot=0.5),
+            _graph_run(2, 64, False, ttft=1.5, tpot=0.5)]
+    assert not any(m["graphs"] for m in descent_moves(runs, GRAPHS, STEPS, fast=("graphs",)))

@@ -36,6 +36,16 @@ measured its forward, so its edge is now the model's best guess: a trade that me
 below that edge (by more than `EDGE_TOL`) is run there (`trades_of`), before any other move of
 the incumbent's numbers.
 
+Why a trade that ran out of memory runs again halfway back to the incumbent's pool: the
+model's freed memory can be wrong by much more than `EDGE_TOL`, and once the trade had run, it
+was never proposed again.  On w-8b-3090-tpot (seed 8) a trade of a 32.5k budget to 6.0k was
+put at 12.8k tokens and ran out of memory; run again at the model's corrected edge, 11.9k, it
+ran out again; the config runs at 10.8k (197 tok/s beside the incumbent's 143).  Lowering one
+number never needs more memory, so the trade fits at the incumbent's pool: halfway between
+that and the OOM is a bisection of the trade's real edge, and `trades_of` carries it on from a
+healthy run.
+Once, per trade: a second OOM of those knobs leaves it to the edge pushes.
+
 Why reliefs: a categorical flip that ran out of memory (CUDA graphs, whose captured batches hold
 memory of their own) was paired only with other categoricals (`tuner.study.flips.companions`),
 while what held its memory down was a number.  On Llama-3.1-70B / H200 the graph flip of an
@@ -139,6 +149,30 @@ def trades_of(top: TrialRecord, space: Mapping[str, BaseDistribution], edge: KvE
         return []
     return [t for t in reversed(trade_runs(top, space, edge.param.name, trials))
             if t.feasible and t.original]
+
+
+def failed_trades(top: TrialRecord, space: Mapping[str, BaseDistribution],
+                  edge: KvEdge | None,
+                  trials: Sequence[TrialRecord]) -> list[tuple[dict[str, Any], int]]:
+    """The runs of `top` with one number lowered that ran out of memory, whose knobs (pool
+    aside) ran no other time, the latest first: each as params over `space` with `top`'s KV
+    share, and the pool halfway between `top`'s and the one that failed (see module doc)."""
+    if edge is None or KV_SHARE not in space or edge.param.name not in top.params:
+        return []
+    name = edge.param.name
+    pool = int(top.params[name])
+    out = []
+    for t in reversed(trade_runs(top, space, name, trials)):
+        rest = {k: t.params[k] for k in space if k not in (KV_SHARE, name)}
+        if t.outcome == "oom" and int(t.params[name]) > pool \
+                and sum(_same(o.params, rest) for o in trials if not o.unmeasured) == 1:
+            out.append(({**rest, KV_SHARE: top.params[KV_SHARE]},
+                        (pool + int(t.params[name])) // 2))
+    return out
+
+
+def _same(params: Mapping[str, Any], rest: Mapping[str, Any]) -> bool:
+    return all(params.get(k) == v for k, v in rest.items())
 
 
 def _lowered(params: Mapping[str, Any], top: Mapping[str, Any], numbers: Sequence[str],

@@ -69,10 +69,11 @@ from tuner.study.local_moves import (
     neighbour,
     pattern_move,
 )
-from tuner.study.miss_descent import deferring, descent_moves, held_pool, policies
+from tuner.study.miss_descent import deferring, descent_moves, held_pool, policies, speeds
 from tuner.study.open_caps import cap_moves, cap_targets, raised_budgets
-from tuner.study.pool_trades import floor_relief, pool_trade, reliefs, trades_of
+from tuner.study.pool_trades import failed_trades, floor_relief, pool_trade, reliefs, trades_of
 from tuner.study.record import KV_SHARE, TrialRecord, records
+from tuner.study.trade_bisection import bisected
 from tuner.trial.kv_share import KvEdge
 
 TRIES = 16      # candidates drawn per proposal at most (one TPE draw costs ~10 ms)
@@ -247,7 +248,9 @@ class GuidedSampler(BaseSampler):
     def _numeric(self, top: TrialRecord, trials: Sequence[TrialRecord],
                  directions: Sequence[Any], search_space: dict[str, BaseDistribution],
                  slack: Slack) -> Local | None:
-        """A trade of `top` that ran below its own edge, at that edge, else a pool trade
+        """A trade of `top` that ran below its own edge, at that edge, else one that ran out
+        of memory, halfway back (`tuner.study.pool_trades.failed_trades`), else a trade that
+        missed the SLOs repaired or bisected (`tuner.study.trade_bisection`), else a pool trade
         (`tuner.study.pool_trades`), else an open cap or a cap bisected against the value that
         failed above it, else a raised budget (`tuner.study.open_caps`), else an ascent move
         (`_ascent`), then the pattern move, else a random neighbour that fits."""
@@ -256,7 +259,14 @@ class GuidedSampler(BaseSampler):
             pushed = at_edge(trade, trials, search_space, self._edge)
             if pushed is not None and fresh(pushed, slack):
                 return pushed, None
-        move = pool_trade(top, search_space, self._edge, trials)
+        for failed, half in failed_trades(top, search_space, self._edge, trials):
+            if fresh(failed, slack, half):
+                return failed, half
+        sign = 1.0 if directions[0] == StudyDirection.MAXIMIZE else -1.0
+        move = next((c for c in bisected(top, search_space, self._edge, trials, sign)
+                     if fresh(c, slack)), None)
+        if move is None:
+            move = pool_trade(top, search_space, self._edge, trials)
         if move is not None and not fresh(move, slack):
             move = None
         if move is None and self._edge is not None:
@@ -318,7 +328,8 @@ class GuidedSampler(BaseSampler):
                 return move, None
         steps = {*self._limits, *self._budgets,
                  *(policies(self._edge.space) if self._edge is not None else ())}
-        for cand in descent_moves(trials, search_space, steps):
+        fast = speeds(self._edge.space) if self._edge is not None else ()
+        for cand in descent_moves(trials, search_space, steps, fast):
             if fresh(cand, slack, pinned := held_pool(cand, trials, search_space, self._edge)):
                 return cand, pinned
         move = self._ascent(trials, directions, search_space, lambda c: fresh(c, slack))
