@@ -49,15 +49,20 @@ runs a choice seen once ranks with whatever else that run had: on the Mistral sc
 too, every seed's last four turns went to block sizes and graph flips of the run that missed by
 3%, and none lowered its long-context cap (10 trials: 5 of 10 seeds still found nothing).
 
-Why CUDA graphs are turned on first where the least miss is a per-token SLO (TPOT, ITL): a
+Why CUDA graphs are turned on where the least miss is a per-token SLO (TPOT, ITL): a
 per-token latency is the time of the decode steps a request waits through, and graphs are the
 knob that makes a decode step faster (role `cuda_graph`); the correlation over the start-up's
 runs cannot say so, since graphs there came with whatever else those draws had.  On
 Llama-3.1-8B / RTX 3090 under p99 TPOT <= 25 ms (benchmarks/search_scenarios.py,
 w-8b-3090-tpot, seed 9) every run of a 30-trial study missed, the least by 2.3% with graphs
-off, and the descent moved its caps and budget eight times.  With graphs first, the least miss
-after the start-up (18%, graphs off) met the SLO with graphs on at 193 tok/s by trial 10, and
-the incumbents climbed from there to 233 (0.98 of the best known) by trial 12.
+off, and the descent moved its caps and budget eight times.  Now graphs go on at trial 18, from
+the least miss then (6.4%, graphs off): it met the SLO at 143 tok/s, and the incumbents climbed
+to 233 (0.98 of the best known) by trial 26.  They rank by their correlation, but never below
+`FAST_PRIOR`: after the moves the correlations rank, before any number's other way.  Ranked
+first, they cost the Qwen2.5-7B / RTX 3090 decode scenario two 10-trial seeds (0.76 and 0.81 of
+the best -> nothing feasible): there the least miss missed TPOT because a running-batch cap of
+7 held requests back, graphs on missed as well, and the next runs followed it
+(benchmarks/results/search_efficiency.md, round 48).
 """
 
 from __future__ import annotations
@@ -113,8 +118,8 @@ def descent_moves(trials: Sequence[TrialRecord], space: Mapping[str, BaseDistrib
                   steps: Collection[str], fast: Collection[str] = ()) -> list[dict[str, Any]]:
     """The moves of the run that missed its SLOs least, one of the `steps` knobs each (what a
     step holds), strongest correlation first, then each number's other way; where it missed a
-    per-token SLO most, first each of the `fast` knobs turned on (see module doc); none with
-    fewer than `MIN_RUNS` healthy runs."""
+    per-token SLO most, also each of the `fast` knobs turned on, ahead of every number's other
+    way (see module doc); none with fewer than `MIN_RUNS` healthy runs."""
     found = _least_miss(trials, space)
     if found is None:
         return []

@@ -1,6 +1,7 @@
-"""A trade that missed the SLOs with a better objective than the incumbent: the number it
-lowered bisected between the lowest value that met the SLOs and the highest below it that
-missed them, at the incumbent's share of each value's edge.
+"""A trade that missed the SLOs with a better objective than the incumbent: a request cap that
+binds at its pool opened, then the number it lowered bisected between the lowest value that met
+the SLOs and the highest below it that missed them, at the incumbent's share of each value's
+edge.
 
 Why: a pool trade (`tuner.study.pool_trades`) lowers a number to free memory for a larger pool,
 and the larger pool holds a larger batch.  Where an SLO is missed by what a larger batch costs
@@ -10,21 +11,22 @@ Llama-3.1-8B / RTX 3090 (24 requests of 2k-token prompts with 768-token answers 
 p99 TPOT <= 25 ms; benchmarks/search_scenarios.py, w-8b-3090-tpot) an incumbent with a 6.0k
 prefill budget held 10.9k tokens at 197 tok/s; its trade to a 2.5k budget held 15.4k tokens at
 270 tok/s and missed p99 TPOT by 27%; a 5.4k budget holds 11.4k tokens at 237.5 tok/s within
-the SLO, and no move of the study's other 10 turns came nearer than 4.5k.  Along the line the
-SLO's metric rises as the number falls (the pool grows, and a smaller budget splits a prompt's
-prefill over more steps), so a bisection finds the cut in a few runs: a run that meets the SLOs
-there becomes the incumbent and narrows the bracket from above, one that misses narrows it from
-below.  A value at which the calibrated model holds no larger pool than at the value that met
-is that run again, and is passed over for the middle of the lower half.  The bracket is not
-split once it is narrower than 2**-`SPLITS` of the number's range (on its log or linear
-scale): each split costs a run.
+the SLO, and in the study's 10 turns after the trade no run had a budget between 3.0k and 6.0k.
+Along the line the SLO's metric rises as the number falls (the pool grows, and a smaller budget
+splits a prompt's prefill over more steps), so a bisection finds the cut in a few runs: a run
+that meets the SLOs there becomes the incumbent and narrows the bracket from above, one that
+misses narrows it from below.  A value at which the calibrated model holds no larger pool than
+at the value that met is that run again, and is passed over for the middle of the lower half.
+The bracket is not split once it is narrower than 2**-`SPLITS` of the number's range (on its
+log or linear scale): each split costs a run.
 
 Why a request cap of the missed trade is opened first: the larger pool admits more requests
 than the incumbent's caps were ever asked to hold, and a cap that holds requests back makes them
-miss a per-token SLO whatever the traded number is.  In another seed of that scenario the
+miss a per-token SLO whatever the traded number is.  In another seed of that scenario (2) the
 trade to a 6.0k budget held 10.9k tokens at 193 tok/s against the incumbent's 143 and missed
-p99 TPOT by 35% with a running-batch cap of 14 beside 24 long requests; bisecting the budget
-above it ran five configs, each at the incumbent's pool.
+p99 TPOT by 35% with a running-batch cap of 14 beside 24 long requests; opened to 48, it met the
+SLO at 197.  Bisecting the budget instead had run five configs between 6.0k and 13k, each at
+the incumbent's pool (before middles that hold no larger pool were passed over).
 """
 
 from __future__ import annotations
