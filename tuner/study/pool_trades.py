@@ -100,7 +100,7 @@ from optuna.distributions import BaseDistribution, FloatDistribution, IntDistrib
 from tuner.study.design import level
 from tuner.study.local_moves import STEP_SCALE, position, shift
 from tuner.study.record import KV_SHARE, TrialRecord
-from tuner.trial.kv_share import EDGE_TOL, KvEdge
+from tuner.trial.kv_share import EDGE_TOL, KvEdge, others_key
 
 RELIEF_STEPS = 10  # bisection steps of a relief: 1/1024 of the range
 
@@ -163,16 +163,13 @@ def failed_trades(top: TrialRecord, space: Mapping[str, BaseDistribution],
     pool = int(top.params[name])
     out = []
     for t in reversed(trade_runs(top, space, name, trials)):
-        rest = {k: t.params[k] for k in space if k not in (KV_SHARE, name)}
-        if t.outcome == "oom" and int(t.params[name]) > pool \
-                and sum(_same(o.params, rest) for o in trials if not o.unmeasured) == 1:
+        key = others_key(t.params, name)
+        if t.outcome == "oom" and int(t.params[name]) > pool and sum(
+                others_key(o.params, name) == key for o in trials if not o.unmeasured) == 1:
+            rest = {k: t.params[k] for k in space if k not in (KV_SHARE, name)}
             out.append(({**rest, KV_SHARE: top.params[KV_SHARE]},
                         (pool + int(t.params[name])) // 2))
     return out
-
-
-def _same(params: Mapping[str, Any], rest: Mapping[str, Any]) -> bool:
-    return all(params.get(k) == v for k, v in rest.items())
 
 
 def _lowered(params: Mapping[str, Any], top: Mapping[str, Any], numbers: Sequence[str],
