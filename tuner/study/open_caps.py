@@ -71,10 +71,10 @@ from optuna.distributions import BaseDistribution, IntDistribution
 from tuner.bench.records import Cell
 from tuner.search.space import SearchSpace
 from tuner.study.design import level
-from tuner.study.local_moves import position
-from tuner.study.record import TrialRecord, knobs_key
+from tuner.study.local_moves import fresh_in, position
+from tuner.study.record import KV_SHARE, TrialRecord, knobs_key
 from tuner.study.step_shape import held
-from tuner.trial.kv_share import EDGE_TOL
+from tuner.trial.kv_share import EDGE_TOL, KvEdge
 from tuner.trial.memory_estimate import knobs_from_params
 from tuner.trial.prescreen import HEALTHY
 
@@ -211,3 +211,27 @@ def raised_budgets(params: Mapping[str, Any], budgets: Collection[str],
         if top > value * (1 + EDGE_TOL):   # a raise of a few tokens measures the same run
             out.append((value / top, {**params, name: top}))
     return [c for _, c in sorted(out, key=lambda rc: rc[0])]
+
+
+def raised_budget(top: TrialRecord, trials: Sequence[TrialRecord],
+                  space: Mapping[str, BaseDistribution], slack: Callable[[dict[str, Any]], float],
+                  edge: KvEdge | None,
+                  budgets: Collection[str]) -> tuple[dict[str, Any], int] | None:
+    """`top` with a token budget below the busiest cell's prompts raised as far as its own
+    pool still fits (`raised_budgets`), pinned to that pool, where it fits by `slack` and was
+    not run yet; None without one."""
+    if edge is None or KV_SHARE not in space or edge.param.name not in top.params:
+        return None
+    room = edge.room_at(trials)
+    pool = int(top.params[edge.param.name])
+    base = {k: top.params[k] for k in space}
+
+    def at_pool(cand: dict[str, Any]) -> tuple[dict[str, Any], int]:
+        rest = {k: v for k, v in cand.items() if k != KV_SHARE}
+        return rest, edge.carried(pool, top.params, rest)
+    fresh = fresh_in(trials, edge)
+    for cand in raised_budgets(base, budgets, space, edge.cells,
+                               lambda c: room(*at_pool(c)) >= 0):
+        if fresh(cand, slack, pinned := at_pool(cand)[1]):
+            return cand, pinned
+    return None

@@ -70,7 +70,7 @@ from tuner.study.local_moves import (
     pattern_move,
 )
 from tuner.study.miss_descent import deferring, descent_moves, held_pool, policies, speeds
-from tuner.study.open_caps import cap_moves, cap_targets, raised_budgets
+from tuner.study.open_caps import cap_moves, cap_targets, raised_budget
 from tuner.study.pool_trades import failed_trades, floor_relief, pool_trade, reliefs, trades_of
 from tuner.study.record import KV_SHARE, TrialRecord, records
 from tuner.study.trade_bisection import bisected
@@ -274,7 +274,8 @@ class GuidedSampler(BaseSampler):
             moves = cap_moves(top.params, caps, search_space, trials, self._edge.param.name)
             move = next((c for c in moves if fresh(c, slack)), None)
         if move is None:
-            if (raised := self._raised_budget(top, trials, search_space, slack)) is not None:
+            raised = raised_budget(top, trials, search_space, slack, self._edge, self._budgets)
+            if raised is not None:
                 return raised
             # an ascent is not spent on a turn another move takes
             move = self._ascent(trials, directions, search_space, lambda c: fresh(c, slack))
@@ -285,27 +286,6 @@ class GuidedSampler(BaseSampler):
                                 (neighbour(base, search_space, self._rng, inert)
                                  for _ in range(TRIES)))
         return next(((c, None) for c in cands if fresh(c, slack)), None)
-
-    def _raised_budget(self, top: TrialRecord, trials: Sequence[TrialRecord],
-                       search_space: dict[str, BaseDistribution], slack: Slack) -> Local | None:
-        """`top` with a token budget below the busiest cell's prompts raised as far as its own
-        pool still fits (`tuner.study.open_caps.raised_budgets`), pinned to that pool."""
-        edge = self._edge
-        if edge is None or KV_SHARE not in search_space or edge.param.name not in top.params:
-            return None
-        room = edge.room_at(trials)
-        pool = int(top.params[edge.param.name])
-        base = {k: top.params[k] for k in search_space}
-
-        def at_pool(cand: dict[str, Any]) -> tuple[dict[str, Any], int]:
-            rest = {k: v for k, v in cand.items() if k != KV_SHARE}
-            return rest, edge.carried(pool, top.params, rest)
-        fresh = fresh_in(trials, self._edge)
-        for cand in raised_budgets(base, self._budgets, search_space, edge.cells,
-                                   lambda c: room(*at_pool(c)) >= 0):
-            if fresh(cand, slack, pinned := at_pool(cand)[1]):
-                return cand, pinned
-        return None
 
     def _unmet(self, trials: Sequence[TrialRecord], directions: Sequence[Any],
                search_space: dict[str, BaseDistribution], slack: Slack) -> Local | None:
