@@ -151,3 +151,39 @@ def test_a_cap_never_raised_is_opened_before_a_failed_raise_is_bisected():
     # once the decode cap's raise has run healthy, the bracket is next
     opened = _ran({**top, "decode": 48, "kv": 23900}, "ok")
     assert cap_moves(top, caps, dists, [oom, opened], "kv")[0] == {**base, "prefill": 29}
+
+
+def test_a_raised_budget_runs_at_the_incumbents_own_pool_and_once():
+    """16 prompts of 1024 tokens in flight beside a 4096-token budget: the raise keeps the
+    incumbent's pool (pinned to it) and goes as far as that pool still fits by the model; once
+    the raised config ran there, it is not proposed again; without a KV edge, or without a
+    share in the space, there is no such move."""
+    from optuna.distributions import FloatDistribution
+
+    from tests.study.test_flips import CHAT, KNOBS, _edge, _ran
+    from tuner.study.open_caps import raised_budget
+
+    edge = _edge(CHAT)
+    space = {"block_size": CategoricalDistribution([16]),
+             "max_batch_size": IntDistribution(1, 128),
+             "max_num_batched_tokens": IntDistribution(1024, 32768, log=True),
+             "enable_graph": CategoricalDistribution([False, True]),
+             KV_SHARE: FloatDistribution(0.0, 1.0)}
+    budgets = ["max_num_batched_tokens"]
+    pool = edge.edge(KNOBS, []) // 2
+    top = _ran({**KNOBS, KV_SHARE: 0.5}, pool)
+
+    def fits(params):
+        return 0.0
+    move = raised_budget(top, [top], space, fits, edge, budgets)
+    assert move is not None
+    params, pinned = move
+    assert pinned == pool // 16 * 16       # the tokens its whole blocks hold
+    assert 4096 < params["max_num_batched_tokens"] <= 16384
+    rest = {k: v for k, v in params.items() if k != KV_SHARE}
+    assert edge.room_at([top])(rest, pinned) >= 0
+    ran = _ran(params, pinned)
+    assert raised_budget(top, [top, ran], space, fits, edge, budgets) is None
+    assert raised_budget(top, [top], space, fits, None, budgets) is None
+    no_share = {k: d for k, d in space.items() if k != KV_SHARE}
+    assert raised_budget(top, [top], no_share, fits, edge, budgets) is None
