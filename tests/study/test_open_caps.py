@@ -3,8 +3,10 @@
 from types import SimpleNamespace
 
 import optuna
-from optuna.distributions import CategoricalDistribution, IntDistribution
+from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution
 
+from tests.study.test_flips import CHAT, KNOBS, _edge
+from tests.study.test_flips import _ran as _healthy_at
 from tuner.bench.records import Cell
 from tuner.search.space import Param
 from tuner.study.open_caps import (
@@ -13,6 +15,7 @@ from tuner.study.open_caps import (
     cap_targets,
     in_flight,
     opened_caps,
+    raised_budget,
     raised_budgets,
     request_caps,
     untested,
@@ -158,11 +161,6 @@ def test_a_raised_budget_runs_at_the_incumbents_own_pool_and_once():
     incumbent's pool (pinned to it) and goes as far as that pool still fits by the model; once
     the raised config ran there, it is not proposed again; without a KV edge, or without a
     share in the space, there is no such move."""
-    from optuna.distributions import FloatDistribution
-
-    from tests.study.test_flips import CHAT, KNOBS, _edge, _ran
-    from tuner.study.open_caps import raised_budget
-
     edge = _edge(CHAT)
     space = {"block_size": CategoricalDistribution([16]),
              "max_batch_size": IntDistribution(1, 128),
@@ -171,7 +169,7 @@ def test_a_raised_budget_runs_at_the_incumbents_own_pool_and_once():
              KV_SHARE: FloatDistribution(0.0, 1.0)}
     budgets = ["max_num_batched_tokens"]
     pool = edge.edge(KNOBS, []) // 2
-    top = _ran({**KNOBS, KV_SHARE: 0.5}, pool)
+    top = _healthy_at({**KNOBS, KV_SHARE: 0.5}, pool)
 
     def fits(params):
         return 0.0
@@ -182,7 +180,7 @@ def test_a_raised_budget_runs_at_the_incumbents_own_pool_and_once():
     assert 4096 < params["max_num_batched_tokens"] <= 16384
     rest = {k: v for k, v in params.items() if k != KV_SHARE}
     assert edge.room_at([top])(rest, pinned) >= 0
-    ran = _ran(params, pinned)
+    ran = _healthy_at(params, pinned)
     assert raised_budget(top, [top, ran], space, fits, edge, budgets) is None
     assert raised_budget(top, [top], space, fits, None, budgets) is None
     no_share = {k: d for k, d in space.items() if k != KV_SHARE}
