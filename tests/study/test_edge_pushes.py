@@ -100,7 +100,8 @@ def test_while_nothing_met_the_slos_the_least_waiting_miss_lowers_its_budget_to_
     largest budget whose edge is within 2% (`EDGE_TOL`) of the edge at the bottom of its range
     (51.8k): 4.6k, at that edge; the cap, which frees no memory, stays.  The worse miss (3.3x
     at 30k of a 51.8k edge) is not pushed first: at 1 / pool it would still miss by 1.5x.
-    Once per run (then the worse miss is pushed, whatever it would miss); never for a TPOT
+    Once per run (then the worse miss is pushed, whatever it would miss, unless `hopeless` is
+    off: the proposals try a faster decode step of the least miss first); never for a TPOT
     miss, nor where the pool already holds the workload's peak demand."""
     corner = _unmet(0, 26_000, 8_000, p99_ttft_ms=0.97)
     worse = _unmet(1, 2_000, 30_000, cap=4, p99_ttft_ms=3.3)
@@ -112,6 +113,7 @@ def test_while_nothing_met_the_slos_the_least_waiting_miss_lowers_its_budget_to_
     ran = _unmet(2, trade["budget"], 50_000, p99_ttft_ms=1.5)   # the trade ran, and missed
     assert unmet_move([corner, worse, ran], edge, BUDGET_SPACE) == {   # once per run
         "cap": 4, "budget": 2_000, KV_SHARE: 1.0}
+    assert unmet_move([corner, worse, ran], edge, BUDGET_SPACE, hopeless=False) is None
     tpot = _unmet(0, 26_000, 8_000, p99_tpot_ms=0.2)
     assert unmet_move([tpot], edge, BUDGET_SPACE) is None
     assert unmet_move([corner], _BudgetEdge(demand=8_100), BUDGET_SPACE) is None

@@ -180,9 +180,13 @@ def test_a_per_token_miss_turns_the_faster_decode_step_on_before_any_number_move
     assert descent_moves(runs, GRAPHS, STEPS) == [{**base, "cap": 45}, {**base, "cap": 4}]
 
 
-def test_a_waiting_time_miss_leaves_the_decode_step_speed_to_the_correlations():
-    """The run that missed least missed the TTFT SLO most: graphs are not turned on for it."""
+def test_a_waiting_time_miss_turns_the_faster_decode_step_on_in_the_same_rank():
+    """The run that missed least missed the TTFT SLO most: a request waiting for KV blocks
+    waits for running ones to decode, so graphs go on there too, after the correlated cap move
+    and ahead of the cap's other way (see module doc)."""
     runs = [_graph_run(0, 16, False, ttft=1.02, tpot=0.5),
             _graph_run(1, 4, True, ttft=3.0, tpot=0.5),
             _graph_run(2, 64, False, ttft=1.5, tpot=0.5)]
-    assert not any(m["graphs"] for m in descent_moves(runs, GRAPHS, STEPS, fast=("graphs",)))
+    base = {"cap": 16, "y": 0.0, "first": False, "graphs": False}
+    assert descent_moves(runs, GRAPHS, STEPS, fast=("graphs",)) == \
+        [{**base, "cap": 45}, {**base, "graphs": True}, {**base, "cap": 4}]

@@ -108,6 +108,17 @@ where the budget at the bottom of its range frees 41k, and until round 45 no tra
 Measured on the open-loop scenarios of benchmarks/search_efficiency.py: see its results, round
 45.
 
+Why a push that could not miss less than the least miss at its edge, at 1 / pool, waits for
+the least miss with a faster decode step (its CUDA graphs on, `tuner.study.miss_descent`;
+`unmet_move`'s `hopeless`): until round 50 no such move came before it, and on the
+Mistral-7B / RTX 4090 open-loop scenario (p99 TTFT <= 8 s) four 10-trial seeds ended with
+nothing feasible after pushing runs that missed by 1.1x to 16x (twice out of memory), while
+the least miss, 6% over at its edge with its trade as far over, was never moved; with graphs
+on, its knobs met the SLO.  Only that move: the rest of the descent placed before these pushes
+too lost a 20-trial seed of the Qwen2.5-7B / RTX 3090 open-loop scenario (0.994 of the best ->
+nothing feasible), where the pushes' healthy runs had moved the model's edge of the least
+miss's knobs up to a pool that met the SLO (results round 50).
+
 Why no push past a larger pool of the same knobs that missed the SLOs the run met
 (`outgrown`): a larger pool admits more requests at once, so a TTFT or TPOT that grew past its
 limit at a larger pool grows further above it, and a push beyond that pool is a launch the
@@ -175,13 +186,15 @@ def promising(top: TrialRecord, trials: Sequence[TrialRecord], edge: KvEdge | No
 
 
 def unmet_move(trials: Sequence[TrialRecord], edge: KvEdge | None,
-               search_space: Mapping[str, BaseDistribution]) -> dict[str, Any] | None:
+               search_space: Mapping[str, BaseDistribution],
+               hopeless: bool = True) -> dict[str, Any] | None:
     """While no run has met the SLOs: of the runs that missed only a waiting-time SLO
     (`_miss`) and ran once, the least miss among those whose push to their own edge
     (`at_edge`) would miss less than any run that missed at its edge if the wait fell as 1 /
-    pool (`_after`), pushed; else the least miss that can be traded (`_trade`); else the least
-    miss pushed whatever it would miss; None if there is none.  At its edge: run at a share of
-    its headroom within `EDGE_TOL` of 1, or with no push left (`at_edge`).  See module doc."""
+    pool (`_after`), pushed; else the least miss that can be traded (`_trade`); else, where
+    `hopeless`, the least miss pushed whatever it would miss; None if there is none.  At its
+    edge: run at a share of its headroom within `EDGE_TOL` of 1, or with no push left
+    (`at_edge`).  See module doc."""
     if edge is None or KV_SHARE not in search_space:
         return None
     name = edge.param.name
@@ -199,7 +212,7 @@ def unmet_move(trials: Sequence[TrialRecord], edge: KvEdge | None,
     for miss, run, _ in misses:
         if (traded := _trade(miss, run, trials, edge, search_space)) is not None:
             return traded
-    return pushes[0][2] if pushes else None
+    return pushes[0][2] if pushes and hopeless else None
 
 
 def _after(miss: float, run: TrialRecord, move: dict[str, Any], edge: KvEdge,

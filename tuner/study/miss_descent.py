@@ -49,9 +49,10 @@ runs a choice seen once ranks with whatever else that run had: on the Mistral sc
 too, every seed's last four turns went to block sizes and graph flips of the run that missed by
 3%, and none lowered its long-context cap (10 trials: 5 of 10 seeds still found nothing).
 
-Why CUDA graphs are turned on where the least miss is a per-token SLO (TPOT, ITL): a
-per-token latency is the time of the decode steps a request waits through, and graphs are the
-knob that makes a decode step faster (role `cuda_graph`); the correlation over the start-up's
+Why CUDA graphs are turned on (role `cuda_graph`, the knob that makes a decode step faster):
+a per-token latency (TPOT, ITL) is the time of the decode steps a request waits through, and a
+request that waits for KV blocks (TTFT, end to end) waits for running requests to decode to
+their end, so a faster decode step frees blocks sooner; the correlation over the start-up's
 runs cannot say so, since graphs there came with whatever else those draws had.  On
 Llama-3.1-8B / RTX 3090 under p99 TPOT <= 25 ms (benchmarks/search_scenarios.py,
 w-8b-3090-tpot, seed 9) every run of a 30-trial study missed, the least by 2.3% with graphs
@@ -62,7 +63,12 @@ to 233 (0.98 of the best known) by trial 26.  They rank by their correlation, bu
 first, they cost the Qwen2.5-7B / RTX 3090 decode scenario two 10-trial seeds (0.76 and 0.81 of
 the best -> nothing feasible): there the least miss missed TPOT because a running-batch cap of
 7 held requests back, graphs on missed as well, and the next runs followed it
-(benchmarks/results/search_efficiency.md, round 48).
+(benchmarks/results/search_efficiency.md, round 48).  Until round 50 only a per-token miss
+turned graphs on.  On the Mistral-7B / RTX 4090 open-loop scenario (3k-token prompts at 1 per
+second beside chat, p99 TTFT <= 8 s) four 10-trial seeds ended with nothing feasible: the
+least miss, every cap open at its edge without graphs, missed by 6-7%, its trade to a smaller
+budget and a larger pool missed by as much, and the same knobs with graphs met the SLO at
+0.98 of the best known (results round 50).
 """
 
 from __future__ import annotations
@@ -91,7 +97,6 @@ MIN_RUNS = 3    # fewer healthy runs rank nothing
 MIN_MOVE = STEP_SCALE / 2   # a number nearer than this share of its range to its end stays
 POLICY_ROLES = ("decode_first",)   # choices of which requests a step takes first
 SPEED_ROLES = ("cuda_graph",)   # choices that, on, make a decode step faster
-PER_TOKEN = ("tpot", "itl")     # SLO metrics that one decode step's time makes up
 FAST_PRIOR = 1e-3   # the least rank of a faster decode step for a per-token miss (module doc)
 
 
@@ -117,9 +122,9 @@ def deferring(space: SearchSpace, cells: Sequence[Cell], params: dict[str, Any])
 def descent_moves(trials: Sequence[TrialRecord], space: Mapping[str, BaseDistribution],
                   steps: Collection[str], fast: Collection[str] = ()) -> list[dict[str, Any]]:
     """The moves of the run that missed its SLOs least, one of the `steps` knobs each (what a
-    step holds), strongest correlation first, then each number's other way; where it missed a
-    per-token SLO most, also each of the `fast` knobs turned on, ahead of every number's other
-    way (see module doc); none with fewer than `MIN_RUNS` healthy runs."""
+    step holds), strongest correlation first, then each number's other way; each of the `fast`
+    knobs turned on, ahead of every number's other way (see module doc); none with fewer than
+    `MIN_RUNS` healthy runs."""
     found = _least_miss(trials, space)
     if found is None:
         return []
@@ -128,13 +133,12 @@ def descent_moves(trials: Sequence[TrialRecord], space: Mapping[str, BaseDistrib
     miss = ranks([_excess(t, metric) for t in runs])
     tried = _tried(base, runs, [k for k in space if k != KV_SHARE])
     scored: list[tuple[float, str, dict[str, Any]]] = []
-    if any(m in metric for m in PER_TOKEN):   # ahead of every number's other way
-        for name in fast:
-            if name in space and name not in tried and base.params[name] is not True \
-                    and True in _choices(space[name]):
-                rho = pearson(ranks([float(t.params[name] is True) for t in runs]), miss)
-                scored.append((-max(-rho, FAST_PRIOR), name,
-                               {**{k: base.params[k] for k in space}, name: True}))
+    for name in fast:   # ahead of every number's other way (module doc)
+        if name in space and name not in tried and base.params[name] is not True \
+                and True in _choices(space[name]):
+            rho = pearson(ranks([float(t.params[name] is True) for t in runs]), miss)
+            scored.append((-max(-rho, FAST_PRIOR), name,
+                           {**{k: base.params[k] for k in space}, name: True}))
     for name, dist in space.items():
         if name not in steps or name in tried or dist.single():
             continue

@@ -292,10 +292,13 @@ class GuidedSampler(BaseSampler):
         """While no run has met the SLOs, where the study has a waiting-time SLO
         (`tuner.study.edge_pushes.waits`): the start-up corner again where it ran out of
         memory, did not start or missed with decode-first on (`design.corner_retry`), else the
-        least miss pushed to its edge or traded (`unmet_move`);
+        least miss pushed to its edge or traded (`unmet_move`), else the least miss with a
+        faster decode step (`tuner.study.miss_descent.speeds`), else a push that could not beat
+        the least miss at its edge (`unmet_move`'s `hopeless`);
         then a descent on the least miss that moves what a step holds
         (`tuner.study.miss_descent`), else an ascent from the run that missed least."""
         fresh = fresh_in(trials, self._edge)
+        fast = speeds(self._edge.space) if self._edge is not None else ()
         if waits(trials):
             edge = self._edge
             retry = design.corner_retry(
@@ -303,12 +306,17 @@ class GuidedSampler(BaseSampler):
                 (lambda p: deferring(edge.space, edge.cells, p)) if edge else (lambda p: ()))
             if retry is not None and fresh(retry, slack):
                 return retry, None
+            move = unmet_move(trials, self._edge, search_space, hopeless=False)
+            if move is not None and fresh(move, slack):
+                return move, None
+            for cand in descent_moves(trials, search_space, (), fast):
+                if fresh(cand, slack, pinned := held_pool(cand, trials, search_space, edge)):
+                    return cand, pinned
             move = unmet_move(trials, self._edge, search_space)
             if move is not None and fresh(move, slack):
                 return move, None
         steps = {*self._limits, *self._budgets,
                  *(policies(self._edge.space) if self._edge is not None else ())}
-        fast = speeds(self._edge.space) if self._edge is not None else ()
         for cand in descent_moves(trials, search_space, steps, fast):
             if fresh(cand, slack, pinned := held_pool(cand, trials, search_space, self._edge)):
                 return cand, pinned
