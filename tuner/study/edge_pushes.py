@@ -117,7 +117,12 @@ the least miss, 6% over at its edge with its trade as far over, was never moved;
 on, its knobs met the SLO.  Only that move: the rest of the descent placed before these pushes
 too lost a 20-trial seed of the Qwen2.5-7B / RTX 3090 open-loop scenario (0.994 of the best ->
 nothing feasible), where the pushes' healthy runs had moved the model's edge of the least
-miss's knobs up to a pool that met the SLO (results round 50).
+miss's knobs up to a pool that met the SLO.  And only where such a push is left: otherwise the
+descent ranks graphs after the moves the runs' correlations rank.  Put first, the graph flip
+cost three 10-trial seeds of the Mistral-7B / A100 80 GB scenario (median TTFT and p99 TPOT)
+0.5-3.3% of their best: their least miss missed the median TTFT by 3% with one long prompt too
+many per step, graphs on missed by as much, and the long-context cap came a turn later
+(results round 50).
 
 Why no push past a larger pool of the same knobs that missed the SLOs the run met
 (`outgrown`): a larger pool admits more requests at once, so a TTFT or TPOT that grew past its

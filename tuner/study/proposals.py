@@ -292,9 +292,9 @@ class GuidedSampler(BaseSampler):
         """While no run has met the SLOs, where the study has a waiting-time SLO
         (`tuner.study.edge_pushes.waits`): the start-up corner again where it ran out of
         memory, did not start or missed with decode-first on (`design.corner_retry`), else the
-        least miss pushed to its edge or traded (`unmet_move`), else the least miss with a
-        faster decode step (`tuner.study.miss_descent.speeds`), else a push that could not beat
-        the least miss at its edge (`unmet_move`'s `hopeless`);
+        least miss pushed to its edge or traded (`unmet_move`), else, where a push that could
+        not beat the least miss at its edge is left (`unmet_move`'s `hopeless`), the least miss
+        with a faster decode step (`tuner.study.miss_descent.speeds`) before that push;
         then a descent on the least miss that moves what a step holds
         (`tuner.study.miss_descent`), else an ascent from the run that missed least."""
         fresh = fresh_in(trials, self._edge)
@@ -309,11 +309,11 @@ class GuidedSampler(BaseSampler):
             move = unmet_move(trials, self._edge, search_space, hopeless=False)
             if move is not None and fresh(move, slack):
                 return move, None
-            for cand in descent_moves(trials, search_space, (), fast):
-                if fresh(cand, slack, pinned := held_pool(cand, trials, search_space, edge)):
-                    return cand, pinned
             move = unmet_move(trials, self._edge, search_space)
-            if move is not None and fresh(move, slack):
+            if move is not None and fresh(move, slack):   # a faster step before it
+                for cand in descent_moves(trials, search_space, (), fast):
+                    if fresh(cand, slack, pinned := held_pool(cand, trials, search_space, edge)):
+                        return cand, pinned
                 return move, None
         steps = {*self._limits, *self._budgets,
                  *(policies(self._edge.space) if self._edge is not None else ())}
