@@ -97,7 +97,7 @@ MIN_RUNS = 3    # fewer healthy runs rank nothing
 MIN_MOVE = STEP_SCALE / 2   # a number nearer than this share of its range to its end stays
 POLICY_ROLES = ("decode_first",)   # choices of which requests a step takes first
 SPEED_ROLES = ("cuda_graph",)   # choices that, on, make a decode step faster
-FAST_PRIOR = 1e-3   # the least rank of a faster decode step for a per-token miss (module doc)
+FAST_PRIOR = 1e-3   # the least rank of a faster decode step in the descent (module doc)
 
 
 def policies(space: SearchSpace) -> list[str]:
