@@ -9,11 +9,17 @@ import optuna
 from optuna.distributions import FloatDistribution, IntDistribution
 from optuna.study import StudyDirection
 
-from tuner.study.edge_pushes import outgrown, promising, unmet_move, waits
+from tuner.study.edge_pushes import outgrown, promising, unmet_moves, waits
 from tuner.study.record import KV_SHARE, TrialRecord
 
 SPACE = {"cap": IntDistribution(1, 128), KV_SHARE: FloatDistribution(0.0, 1.0)}
 MAX = [StudyDirection.MAXIMIZE]
+
+
+def unmet_move(trials: Any, edge: Any, space: Any) -> dict[str, Any] | None:
+    """What the proposals run of `unmet_moves`: the move, else its last resort."""
+    move, last = unmet_moves(trials, edge, space)
+    return move if move is not None else last
 
 
 @dataclass
@@ -100,8 +106,8 @@ def test_while_nothing_met_the_slos_the_least_waiting_miss_lowers_its_budget_to_
     largest budget whose edge is within 2% (`EDGE_TOL`) of the edge at the bottom of its range
     (51.8k): 4.6k, at that edge; the cap, which frees no memory, stays.  The worse miss (3.3x
     at 30k of a 51.8k edge) is not pushed first: at 1 / pool it would still miss by 1.5x.
-    Once per run (then the worse miss is pushed, whatever it would miss, unless `hopeless` is
-    off: the proposals try a faster decode step of the least miss first); never for a TPOT
+    Once per run (then the worse miss is pushed, whatever it would miss, as the last resort:
+    the proposals try a faster decode step of the least miss first); never for a TPOT
     miss, nor where the pool already holds the workload's peak demand."""
     corner = _unmet(0, 26_000, 8_000, p99_ttft_ms=0.97)
     worse = _unmet(1, 2_000, 30_000, cap=4, p99_ttft_ms=3.3)
@@ -113,7 +119,7 @@ def test_while_nothing_met_the_slos_the_least_waiting_miss_lowers_its_budget_to_
     ran = _unmet(2, trade["budget"], 50_000, p99_ttft_ms=1.5)   # the trade ran, and missed
     assert unmet_move([corner, worse, ran], edge, BUDGET_SPACE) == {   # once per run
         "cap": 4, "budget": 2_000, KV_SHARE: 1.0}
-    assert unmet_move([corner, worse, ran], edge, BUDGET_SPACE, hopeless=False) is None
+    assert unmet_moves([corner, worse, ran], edge, BUDGET_SPACE)[0] is None   # a last resort
     tpot = _unmet(0, 26_000, 8_000, p99_tpot_ms=0.2)
     assert unmet_move([tpot], edge, BUDGET_SPACE) is None
     assert unmet_move([corner], _BudgetEdge(demand=8_100), BUDGET_SPACE) is None

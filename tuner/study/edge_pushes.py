@@ -75,7 +75,7 @@ feasible.  Traded again, the same knobs at the corrected edge met the SLO at 491
 of the best known (round 41).  Not after a trade that ran healthy, and not after two OOMs.
 
 Why, while no run has met the SLOs, the run that missed a waiting-time SLO least is first
-pushed to its own edge (`unmet_move`), before any trade: its own run measured its forward, so
+pushed to its own edge (`unmet_moves`), before any trade: its own run measured its forward, so
 its edge is the model's best guess, where a trade's new knobs get the scale of the nearest
 measured config, of whatever kind of forward.  And why with no bound from its miss: near the
 memory edge the wait for blocks falls far faster than 1 / pool.  On the Qwen2.5-7B / RTX 3090
@@ -108,9 +108,9 @@ where the budget at the bottom of its range frees 41k, and until round 45 no tra
 Measured on the open-loop scenarios of benchmarks/search_efficiency.py: see its results, round
 45.
 
-Why a push that could not miss less than the least miss at its edge, at 1 / pool, waits for
-the least miss with a faster decode step (its CUDA graphs on, `tuner.study.miss_descent`;
-`unmet_move`'s `hopeless`): until round 50 no such move came before it, and on the
+Why a push that could not miss less than the least miss at its edge, at 1 / pool (the last
+resort of `unmet_moves`), waits for the least miss with a faster decode step (its CUDA graphs
+on, `tuner.study.miss_descent`): until round 50 no such move came before it, and on the
 Mistral-7B / RTX 4090 open-loop scenario (p99 TTFT <= 8 s) four 10-trial seeds ended with
 nothing feasible after pushing runs that missed by 1.1x to 16x (twice out of memory), while
 the least miss, 6% over at its edge with its trade as far over, was never moved; with graphs
@@ -190,18 +190,19 @@ def promising(top: TrialRecord, trials: Sequence[TrialRecord], edge: KvEdge | No
     return [t for _, _, t in sorted(ranked, key=lambda r: r[:2])]
 
 
-def unmet_move(trials: Sequence[TrialRecord], edge: KvEdge | None,
-               search_space: Mapping[str, BaseDistribution],
-               hopeless: bool = True) -> dict[str, Any] | None:
-    """While no run has met the SLOs: of the runs that missed only a waiting-time SLO
-    (`_miss`) and ran once, the least miss among those whose push to their own edge
-    (`at_edge`) would miss less than any run that missed at its edge if the wait fell as 1 /
-    pool (`_after`), pushed; else the least miss that can be traded (`_trade`); else, where
-    `hopeless`, the least miss pushed whatever it would miss; None if there is none.  At its
-    edge: run at a share of its headroom within `EDGE_TOL` of 1, or with no push left
-    (`at_edge`).  See module doc."""
+def unmet_moves(trials: Sequence[TrialRecord], edge: KvEdge | None,
+                search_space: Mapping[str, BaseDistribution],
+                ) -> tuple[dict[str, Any] | None, dict[str, Any] | None]:
+    """While no run has met the SLOs, (the move, the last resort), at most one of them set.
+    The move: of the runs that missed only a waiting-time SLO (`_miss`) and ran once, the
+    least miss among those whose push to their own edge (`at_edge`) would miss less than any
+    run that missed at its edge if the wait fell as 1 / pool (`_after`), pushed; else the least
+    miss that can be traded (`_trade`).  Only where there is no move, the last resort: the
+    least miss pushed whatever it would miss (module doc).  At its edge: run
+    at a share of its headroom within `EDGE_TOL` of 1, or with no push left (`at_edge`).  See
+    module doc."""
     if edge is None or KV_SHARE not in search_space:
-        return None
+        return None, None
     name = edge.param.name
     runs = Counter(knobs_key(t.params, name) for t in trials if name in t.params)
     misses = [(miss, run, at_edge(run, trials, search_space, edge))
@@ -213,11 +214,11 @@ def unmet_move(trials: Sequence[TrialRecord], edge: KvEdge | None,
                 default=math.inf)
     for miss, run, pushed in pushes:
         if _after(miss, run, pushed, edge, trials) < least:
-            return pushed
+            return pushed, None
     for miss, run, _ in misses:
         if (traded := _trade(miss, run, trials, edge, search_space)) is not None:
-            return traded
-    return pushes[0][2] if pushes and hopeless else None
+            return traded, None
+    return None, pushes[0][2] if pushes else None
 
 
 def _after(miss: float, run: TrialRecord, move: dict[str, Any], edge: KvEdge,

@@ -52,7 +52,7 @@ from optuna.trial import FrozenTrial, TrialState
 from tuner.study import design, open_knobs
 from tuner.study.ascent import ascent_move
 from tuner.study.dead_choices import Dead, avoiding, dead_choices
-from tuner.study.edge_pushes import at_edge, promising, unmet_move, waits
+from tuner.study.edge_pushes import at_edge, promising, unmet_moves, waits
 from tuner.study.flips import (
     at_pool,
     companions,
@@ -292,9 +292,9 @@ class GuidedSampler(BaseSampler):
         """While no run has met the SLOs, where the study has a waiting-time SLO
         (`tuner.study.edge_pushes.waits`): the start-up corner again where it ran out of
         memory, did not start or missed with decode-first on (`design.corner_retry`), else the
-        least miss pushed to its edge or traded (`unmet_move`), else, where a push that could
-        not beat the least miss at its edge is left (`unmet_move`'s `hopeless`), the least miss
-        with a faster decode step (`tuner.study.miss_descent.speeds`) before that push;
+        least miss pushed to its edge or traded (`unmet_moves`), else, where a push that could
+        not beat the least miss at its edge is left (its last resort), the least miss with a
+        faster decode step (`tuner.study.miss_descent.speeds`) before that push;
         then a descent on the least miss that moves what a step holds
         (`tuner.study.miss_descent`), else an ascent from the run that missed least."""
         fresh = fresh_in(trials, self._edge)
@@ -306,15 +306,14 @@ class GuidedSampler(BaseSampler):
                 (lambda p: deferring(edge.space, edge.cells, p)) if edge else (lambda p: ()))
             if retry is not None and fresh(retry, slack):
                 return retry, None
-            move = unmet_move(trials, self._edge, search_space, hopeless=False)
+            move, last = unmet_moves(trials, self._edge, search_space)
             if move is not None and fresh(move, slack):
                 return move, None
-            move = unmet_move(trials, self._edge, search_space)
-            if move is not None and fresh(move, slack):   # a faster step before it
+            if last is not None and fresh(last, slack):   # a faster step before it
                 for cand in descent_moves(trials, search_space, (), fast):
                     if fresh(cand, slack, pinned := held_pool(cand, trials, search_space, edge)):
                         return cand, pinned
-                return move, None
+                return last, None
         steps = {*self._limits, *self._budgets,
                  *(policies(self._edge.space) if self._edge is not None else ())}
         for cand in descent_moves(trials, search_space, steps, fast):
