@@ -9,7 +9,7 @@ from tuner.bench.records import Cell
 from tuner.search.bounds import resolve_space
 from tuner.search.model import load_model_info
 from tuner.search.space_file import load_space
-from tuner.study.miss_descent import deferring, descent_moves, held_pool
+from tuner.study.miss_descent import deferring, descent_moves, held_pool, packings
 from tuner.study.record import KV_SHARE, TrialRecord
 from tuner.trial.kv_share import KvEdge
 
@@ -19,10 +19,10 @@ STEPS = ("cap", "first")   # what a step holds; y is not among them
 
 
 def _run(number: int, params: dict, ttft: float, tpot: float,
-         outcome: str = "slo") -> TrialRecord:
+         outcome: str = "slo", space: dict | None = None) -> TrialRecord:
     """A healthy run; `ttft` and `tpot` are its values over their limits (1.0: at the limit)."""
     t = optuna.trial.create_trial(
-        params=params, distributions={k: SPACE[k] for k in params}, values=[100.0],
+        params=params, distributions={k: (space or SPACE)[k] for k in params}, values=[100.0],
         user_attrs={"outcome": outcome},
         constraints={"slo:median_ttft_ms": ttft - 1.0, "slo:p99_tpot_ms": tpot - 1.0})
     t.number = number
@@ -158,12 +158,7 @@ GRAPHS = {**SPACE, "graphs": CategoricalDistribution([False, True])}
 
 def _graph_run(number: int, cap: int, graphs: bool, ttft: float, tpot: float) -> TrialRecord:
     params = {"cap": cap, "y": number / 10, "first": False, "graphs": graphs}
-    t = optuna.trial.create_trial(
-        params=params, distributions={k: GRAPHS[k] for k in params}, values=[100.0],
-        user_attrs={"outcome": "slo"},
-        constraints={"slo:median_ttft_ms": ttft - 1.0, "slo:p99_tpot_ms": tpot - 1.0})
-    t.number = number
-    return TrialRecord.of(t)
+    return _run(number, params, ttft, tpot, space=GRAPHS)
 
 
 def test_a_per_token_miss_turns_the_faster_decode_step_on_before_any_number_moves_its_other_way():
@@ -190,3 +185,63 @@ def test_a_waiting_time_miss_turns_the_faster_decode_step_on_in_the_same_rank():
     base = {"cap": 16, "y": 0.0, "first": False, "graphs": False}
     assert descent_moves(runs, GRAPHS, STEPS, fast=("graphs",)) == \
         [{**base, "cap": 45}, {**base, "graphs": True}, {**base, "cap": 4}]
+
+
+BLOCKS = {**GRAPHS, "block": CategoricalDistribution([16, 64, 256])}
+
+
+def _block_run(number: int, cap: int, graphs: bool, block: int, ttft: float,
+               tpot: float) -> TrialRecord:
+    """A healthy run of the BLOCKS space; `ttft` and `tpot` over their limits."""
+    params = {"cap": cap, "y": number / 10, "first": False, "graphs": graphs, "block": block}
+    return _run(number, params, ttft, tpot, space=BLOCKS)
+
+
+def test_a_waiting_time_miss_moves_to_the_smallest_block_after_the_other_ways():
+    """The run that missed least missed the TTFT SLO most at block 256: a request waiting for
+    KV blocks waits for a pool the rounding up to whole blocks wastes, so the smallest block is
+    proposed though no run ranks it (none had it): after graphs on and after the cap's other
+    way, which a long-context cap's other way cured on the Mistral median-TTFT scenario (see
+    module doc)."""
+    runs = [_block_run(0, 16, False, 256, ttft=1.02, tpot=0.5),
+            _block_run(1, 4, True, 64, ttft=3.0, tpot=0.5),
+            _block_run(2, 64, False, 256, ttft=1.5, tpot=0.5)]
+    base = {"cap": 16, "y": 0.0, "first": False, "graphs": False, "block": 256}
+    assert descent_moves(runs, BLOCKS, STEPS, fast=("graphs",), packs={"block": 16}) == \
+        [{**base, "cap": 45}, {**base, "graphs": True}, {**base, "cap": 4},
+         {**base, "block": 16}]
+    assert descent_moves(runs, BLOCKS, STEPS, fast=("graphs",)) == \
+        [{**base, "cap": 45}, {**base, "graphs": True}, {**base, "cap": 4}]
+
+
+def test_a_per_token_miss_keeps_its_block():
+    """The same runs missing p99 TPOT instead: a pool that wastes less holds more requests,
+    whose decode steps are slower, so the smallest block is not proposed; graphs still go on
+    (see module doc)."""
+    runs = [_block_run(0, 16, False, 256, ttft=0.5, tpot=1.02),
+            _block_run(1, 4, True, 64, ttft=0.5, tpot=3.0),
+            _block_run(2, 64, False, 256, ttft=0.5, tpot=1.5)]
+    base = {"cap": 16, "y": 0.0, "first": False, "graphs": False, "block": 256}
+    assert descent_moves(runs, BLOCKS, STEPS, fast=("graphs",), packs={"block": 16}) == \
+        [{**base, "cap": 45}, {**base, "graphs": True}, {**base, "cap": 4}]
+
+
+def test_the_packing_knobs_of_the_shipped_spaces_go_to_their_smallest_block():
+    """Each shipped space's block-size choice, at the block that wastes least of a pool."""
+    root = Path(__file__).resolve().parents[2] / "search_spaces"
+    assert packings(load_space(root / "infinilm.yaml")) == {"block_size": 16}
+    assert packings(load_space(root / "transformers.yaml")) == {"cb_block_size": 32}
+
+
+def test_smaller_blocks_that_went_with_smaller_misses_rank_by_their_correlation():
+    """Where the runs in 16-token blocks missed the TTFT SLO less than those in 256-token ones,
+    the block move ranks by that correlation: after the cap's correlated move down, ahead of
+    its other way (see module doc)."""
+    runs = [_block_run(0, 16, True, 256, ttft=1.01, tpot=0.5),
+            _block_run(1, 4, True, 16, ttft=1.02, tpot=0.5),
+            _block_run(2, 64, True, 256, ttft=1.5, tpot=0.5),
+            _block_run(3, 8, True, 16, ttft=1.03, tpot=0.5),
+            _block_run(4, 32, True, 256, ttft=2.0, tpot=0.5)]
+    base = {"cap": 16, "y": 0.0, "first": False, "graphs": True, "block": 256}
+    assert descent_moves(runs, BLOCKS, STEPS, fast=("graphs",), packs={"block": 16}) == \
+        [{**base, "cap": 4}, {**base, "block": 16}, {**base, "cap": 45}]

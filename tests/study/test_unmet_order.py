@@ -53,3 +53,25 @@ def test_the_least_miss_at_its_edge_turns_graphs_on_before_a_push_that_cannot_be
             assert move[0] == {**knobs, "enable_graph": True, KV_SHARE: 1.0}
         else:            # nothing faster left: the push that could not beat it
             assert move[0] == at_edge(worse, trials, SPACE, edge)
+
+
+def test_the_least_miss_in_large_blocks_moves_to_the_smallest_before_a_push_that_cannot_beat_it():
+    """Round 51 (Qwen2.5-7B / RTX 3090, open loop): the least miss, graphs on at its edge in
+    256-token blocks, missed by 13.5%; the same knobs in 64-token blocks or smaller met the SLO.
+    A request's KV is reserved in whole blocks, so smaller ones hold more requests in the same
+    pool: the least miss in the smallest block comes before the push that cannot beat it."""
+    edge = _edge(LONG)
+    sampler = GuidedSampler(RandomSampler(seed=0), edge.slack_of, 0, seed=0, edge=edge)
+    knobs = {"block_size": 256, "max_num_batched_tokens": 1024, "enable_graph": True}
+    pool = edge.edge(knobs, [])
+    least = _missed(0, 256, True, pool, 1.0, 0.135)
+    worse = _missed(1, 32, False, pool // 4, 0.25, 5.0)    # two knobs apart: neither measured
+    worst = _missed(2, 16, False, pool // 5, 0.2, 9.0)
+    trials = [least, worse, worst]
+    move = sampler._unmet(trials, [StudyDirection.MAXIMIZE], SPACE, sampler._slack_of(trials))
+    assert move is not None
+    assert {k: v for k, v in move[0].items() if k != KV_SHARE} == {**knobs, "block_size": 16}
+    packed = _missed(3, 16, True, pool, 1.0, 0.2)    # it missed too: then the push
+    trials.append(packed)
+    move = sampler._unmet(trials, [StudyDirection.MAXIMIZE], SPACE, sampler._slack_of(trials))
+    assert move is not None and move[0] == at_edge(worse, trials, SPACE, edge)

@@ -158,7 +158,7 @@ def _miss(t: TrialRecord) -> float | None:
     """By how much `t` missed its SLOs (the largest relative excess) where it missed only
     ones a larger pool can cure (`MISSABLE`); None otherwise."""
     missed = {name: v for name, v in t.constraints.items() if v > 0}
-    if t.outcome != "slo" or not missed or not all(map(_waiting, missed)):
+    if t.outcome != "slo" or not missed or not all(map(waiting, missed)):
         return None
     return max(missed.values())
 
@@ -307,7 +307,7 @@ def outgrown(run: TrialRecord, trials: Sequence[TrialRecord], kv_name: str) -> b
 
 def waits(trials: Sequence[TrialRecord]) -> bool:
     """Whether the study has an SLO a request waiting for KV blocks adds to (`MISSABLE`)."""
-    return any(_waiting(name) for t in trials for name in t.constraints)
+    return any(waiting(name) for t in trials for name in t.constraints)
 
 
 def at_edge(top: TrialRecord, trials: Sequence[TrialRecord],
@@ -330,6 +330,6 @@ def at_edge(top: TrialRecord, trials: Sequence[TrialRecord],
     return {**rest, KV_SHARE: edge.share_of(rest, target, trials)}
 
 
-def _waiting(constraint: str) -> bool:
+def waiting(constraint: str) -> bool:
     """Whether a constraint is an SLO a request waiting for KV blocks adds to (`MISSABLE`)."""
     return constraint.startswith("slo:") and any(m in constraint for m in MISSABLE)

@@ -69,6 +69,22 @@ second beside chat, p99 TTFT <= 8 s) four 10-trial seeds ended with nothing feas
 least miss, every cap open at its edge without graphs, missed by 6-7%, its trade to a smaller
 budget and a larger pool missed by as much, and the same knobs with graphs met the SLO at
 0.98 of the best known (results round 50).
+
+Why, for a waiting-time miss, the smallest block size (role `block_size`) too: a server
+reserves a request's KV in whole blocks, so a pool of large blocks holds fewer requests than
+the same tokens in small ones, and a request waiting for KV blocks waits on that rounding.  On
+the Qwen2.5-7B / RTX 3090 open-loop scenario (2k-token prompts at 1.5 per second beside 48 chat
+requests, p99 TTFT <= 10 s) two 10-trial seeds ended with nothing feasible: the least miss,
+every cap open at its edge (41k tokens) with 128- or 256-token blocks, missed by 13.5%, and
+the same knobs with 64-token blocks or smaller met the SLO at the best known (results round
+51: a 2236-token request takes 2304 tokens in 128-token blocks, 2240 in 64-token ones, and 41k
+tokens hold 17 such requests or 18).  It ranks by its correlation with the miss alone, after
+every number's other way where the runs do not rank it: ranked like the faster step (never
+below `FAST_PRIOR`), it cost the Mistral-7B / A100 80 GB median-TTFT scenario two seeds outside
+the suite (3.8% at 10 trials, 2.1% at 20), whose least miss had one long prompt too many per
+step and whose long-context cap came a turn later.  Where nothing else is left to move (the
+last resort of `tuner.study.proposals`), it comes after the faster step.  Not for a per-token
+miss: the requests a fuller pool admits make each decode step slower.
 """
 
 from __future__ import annotations
@@ -88,6 +104,7 @@ from tuner.bench.records import Cell
 from tuner.search.space import SearchSpace
 from tuner.study.ascent import pearson, ranks
 from tuner.study.design import level
+from tuner.study.edge_pushes import waiting
 from tuner.study.local_moves import STEP_SCALE, position
 from tuner.study.record import KV_SHARE, TrialRecord
 from tuner.trial.kv_share import EDGE_TOL, KvEdge
@@ -97,6 +114,7 @@ MIN_RUNS = 3    # fewer healthy runs rank nothing
 MIN_MOVE = STEP_SCALE / 2   # a number nearer than this share of its range to its end stays
 POLICY_ROLES = ("decode_first",)   # choices of which requests a step takes first
 SPEED_ROLES = ("cuda_graph",)   # choices that, on, make a decode step faster
+PACK_ROLES = ("block_size",)    # choices that decide how much of a request's last block is waste
 FAST_PRIOR = 1e-3   # the least rank of a faster decode step in the descent (module doc)
 
 
@@ -110,6 +128,13 @@ def speeds(space: SearchSpace) -> list[str]:
     return [p.name for p in space.parameters if p.role in SPEED_ROLES]
 
 
+def packings(space: SearchSpace) -> dict[str, Any]:
+    """The knobs of `space` that round each request's KV up to whole blocks, each at its
+    smallest block: the one that wastes least of a pool (module doc)."""
+    return {p.name: min(p.choices) for p in space.parameters
+            if p.role in PACK_ROLES and p.type == "categorical" and p.choices}
+
+
 def deferring(space: SearchSpace, cells: Sequence[Cell], params: dict[str, Any]) -> list[str]:
     """The policy knobs that hold some request of `cells` back in this config: decode-first,
     where the long-context guard calls a cell's prompts long (it defers only those)."""
@@ -120,11 +145,13 @@ def deferring(space: SearchSpace, cells: Sequence[Cell], params: dict[str, Any])
 
 
 def descent_moves(trials: Sequence[TrialRecord], space: Mapping[str, BaseDistribution],
-                  steps: Collection[str], fast: Collection[str] = ()) -> list[dict[str, Any]]:
+                  steps: Collection[str], fast: Collection[str] = (),
+                  packs: Mapping[str, Any] | None = None) -> list[dict[str, Any]]:
     """The moves of the run that missed its SLOs least, one of the `steps` knobs each (what a
     step holds), strongest correlation first, then each number's other way; each of the `fast`
-    knobs turned on, ahead of every number's other way (see module doc); none with fewer than
-    `MIN_RUNS` healthy runs."""
+    knobs turned on, ahead of every number's other way; for a waiting-time miss, each of the
+    `packs` knobs set to its value (`packings`) by its correlation alone, after the other ways
+    where it has none (see module doc); none with fewer than `MIN_RUNS` healthy runs."""
     found = _least_miss(trials, space)
     if found is None:
         return []
@@ -132,19 +159,24 @@ def descent_moves(trials: Sequence[TrialRecord], space: Mapping[str, BaseDistrib
     metric = _worst(base)[0]
     miss = ranks([_excess(t, metric) for t in runs])
     tried = _tried(base, runs, [k for k in space if k != KV_SHARE])
-    scored: list[tuple[float, str, dict[str, Any]]] = []
-    for name in fast:   # ahead of every number's other way (module doc)
-        if name in space and name not in tried and base.params[name] is not True \
-                and True in _choices(space[name]):
-            rho = pearson(ranks([float(t.params[name] is True) for t in runs]), miss)
-            scored.append((-max(-rho, FAST_PRIOR), name,
-                           {**{k: base.params[k] for k in space}, name: True}))
+    priors = [(0, name, True) for name in fast]
+    if waiting(metric):
+        priors += [(1, name, value) for name, value in (packs or {}).items()]
+    scored: list[tuple[float, int, str, dict[str, Any]]] = []
+    for tier, name, value in priors:   # ahead of every number's other way (module doc)
+        if name in space and name not in tried and base.params[name] != value \
+                and value in _choices(space[name]):
+            rho = pearson(ranks([float(t.params[name] == value) for t in runs]), miss)
+            floor = FAST_PRIOR if tier == 0 else 0.0   # a block: after the other ways
+            scored.append((-max(-rho, floor), tier, name,
+                           {**{k: base.params[k] for k in space}, name: value}))
     for name, dist in space.items():
         if name not in steps or name in tried or dist.single():
             continue
         for strength, value in _ways(name, dist, runs, miss, base.params[name]):
-            scored.append((-strength, name, {**{k: base.params[k] for k in space}, name: value}))
-    return [move for _, _, move in sorted(scored, key=lambda s: s[:2])]
+            scored.append((-strength, 0, name,
+                           {**{k: base.params[k] for k in space}, name: value}))
+    return [move for *_, move in sorted(scored, key=lambda s: s[:3])]
 
 
 def held_pool(move: dict[str, Any], trials: Sequence[TrialRecord],

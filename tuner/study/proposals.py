@@ -69,7 +69,14 @@ from tuner.study.local_moves import (
     neighbour,
     pattern_move,
 )
-from tuner.study.miss_descent import deferring, descent_moves, held_pool, policies, speeds
+from tuner.study.miss_descent import (
+    deferring,
+    descent_moves,
+    held_pool,
+    packings,
+    policies,
+    speeds,
+)
 from tuner.study.open_caps import cap_moves, cap_targets, raised_budget
 from tuner.study.pool_trades import failed_trades, floor_relief, pool_trade, reliefs, trades_of
 from tuner.study.record import KV_SHARE, TrialRecord, records
@@ -294,11 +301,13 @@ class GuidedSampler(BaseSampler):
         memory, did not start or missed with decode-first on (`design.corner_retry`), else the
         least miss pushed to its edge or traded (`unmet_moves`), else, where a push that could
         not beat the least miss at its edge is left (its last resort), the least miss with a
-        faster decode step (`tuner.study.miss_descent.speeds`) before that push;
+        faster decode step or its smallest block (`tuner.study.miss_descent.speeds`, `packings`)
+        before that push;
         then a descent on the least miss that moves what a step holds
         (`tuner.study.miss_descent`), else an ascent from the run that missed least."""
         fresh = fresh_in(trials, self._edge)
         fast = speeds(self._edge.space) if self._edge is not None else ()
+        packs = packings(self._edge.space) if self._edge is not None else {}
         if waits(trials):
             edge = self._edge
             retry = design.corner_retry(
@@ -310,13 +319,13 @@ class GuidedSampler(BaseSampler):
             if move is not None and fresh(move, slack):
                 return move, None
             if last is not None and fresh(last, slack):   # a faster step before it
-                for cand in descent_moves(trials, search_space, (), fast):
+                for cand in descent_moves(trials, search_space, (), fast, packs):
                     if fresh(cand, slack, pinned := held_pool(cand, trials, search_space, edge)):
                         return cand, pinned
                 return last, None
         steps = {*self._limits, *self._budgets,
                  *(policies(self._edge.space) if self._edge is not None else ())}
-        for cand in descent_moves(trials, search_space, steps, fast):
+        for cand in descent_moves(trials, search_space, steps, fast, packs):
             if fresh(cand, slack, pinned := held_pool(cand, trials, search_space, self._edge)):
                 return cand, pinned
         move = self._ascent(trials, directions, search_space, lambda c: fresh(c, slack))
