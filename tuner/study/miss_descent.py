@@ -159,16 +159,17 @@ def descent_moves(trials: Sequence[TrialRecord], space: Mapping[str, BaseDistrib
     metric = _worst(base)[0]
     miss = ranks([_excess(t, metric) for t in runs])
     tried = _tried(base, runs, [k for k in space if k != KV_SHARE])
-    priors = [(0, name, True) for name in fast]
+    # (tier, least rank, knob, value): a faster step ahead of every number's other way, a
+    # block by its correlation alone, after them where it has none (module doc)
+    priors = [(0, FAST_PRIOR, name, True) for name in fast]
     if waiting(metric):
-        priors += [(1, name, value) for name, value in (packs or {}).items()]
+        priors += [(1, 0.0, name, value) for name, value in (packs or {}).items()]
     scored: list[tuple[float, int, str, dict[str, Any]]] = []
-    for tier, name, value in priors:   # ahead of every number's other way (module doc)
+    for tier, least, name, value in priors:
         if name in space and name not in tried and base.params[name] != value \
                 and value in _choices(space[name]):
             rho = pearson(ranks([float(t.params[name] == value) for t in runs]), miss)
-            floor = FAST_PRIOR if tier == 0 else 0.0   # a block: after the other ways
-            scored.append((-max(-rho, floor), tier, name,
+            scored.append((-max(-rho, least), tier, name,
                            {**{k: base.params[k] for k in space}, name: value}))
     for name, dist in space.items():
         if name not in steps or name in tried or dist.single():
