@@ -318,7 +318,7 @@ class GuidedSampler(BaseSampler):
             move, last = unmet_moves(trials, self._edge, search_space)
             if move is not None and fresh(move, slack):
                 return move, None
-            if last is not None and fresh(last, slack):   # a faster step before it
+            if last is not None and fresh(last, slack):   # a faster step, a smaller block first
                 for cand in descent_moves(trials, search_space, (), fast, packs):
                     if fresh(cand, slack, pinned := held_pool(cand, trials, search_space, edge)):
                         return cand, pinned
