@@ -380,9 +380,23 @@ ROUND51 = (
              {"p90_e2el_ms": 11000.0}, "round 51: Poisson 8k prompts beside 96 chat, p90 E2EL",
              held_out=True),
 )
+# Defined in round 52 before any search ran on them, as round 51's were.  Qwen2.5-7B / L40S, three
+# closed-loop cells (2k prompts, chat, 8k prompts): the corner holds a 41k-token pool beside its
+# 32k-token budget, p99 TPOT 26.1 ms (the default 206 ms).  Mistral-7B / L40S, Poisson 6k prompts
+# beside 96 chat: the corner's p99 TTFT is 2.04 s at a 157k-token pool (the default 56 s).
+ROUND52 = (
+    Scenario("y-qwen7b-l40s-tpot3", "qwen2.5-7b", "l40s",
+             (Cell(32, 2000, 256, 64), Cell(64, 300, 300, 128), Cell(8, 8000, 128, 16)),
+             {"p99_tpot_ms": 24.0}, "round 52: three cells (2k, chat, 8k prompts), p99 TPOT",
+             held_out=True),
+    Scenario("y-mistral-l40s-open", "mistral-7b", "l40s",
+             (Cell(24, 6000, 256, 48, request_rate=0.5), Cell(96, 400, 250, 192)),
+             {"p99_ttft_ms": 1800.0}, "round 52: Poisson 6k prompts beside 96 chat on 48 GB",
+             held_out=True),
+)
 OPT_IN = (*UNSEEN, *FRESH, *ROUND21, *ROUND24, *ROUND25, *ROUND25B, *ROUND26,
           *ROUND29, *ROUND30, *ROUND31, *ROUND37, *ROUND38, *ROUND39,
-          *ROUND40, *ROUND41, *ROUND43, *ROUND46, *ROUND47, *ROUND51)  # where named
+          *ROUND40, *ROUND41, *ROUND43, *ROUND46, *ROUND47, *ROUND51, *ROUND52)  # where named
 
 
 def by_name(name: str) -> Scenario:
