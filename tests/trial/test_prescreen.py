@@ -1,12 +1,21 @@
 """Pre-screen: skip only the hopeless, learn the bar from OOMs, never skip below a healthy run."""
 
 import dataclasses
+from pathlib import Path
 
 from optuna.trial import TrialState
 
+from tuner.bench.records import Cell
+from tuner.search.bounds import resolve_space
+from tuner.search.model import load_model_info
+from tuner.search.objectives import parse_objectives
+from tuner.search.space_file import load_space
+from tuner.search.workload import Workload
 from tuner.study.record import TrialRecord
+from tuner.trial.context import TrialContext
 from tuner.trial.kv_calibration import measured, proven
 from tuner.trial.memory_estimate import Estimate
+from tuner.trial.pipeline import AdaptivePipeline
 from tuner.trial.prescreen import calibrated_runtime, decide, estimate_attr
 
 GIB = 2 ** 30
@@ -47,6 +56,19 @@ def test_an_oom_lowers_the_bar_to_its_need_plus_a_margin_for_the_same_mechanism(
     # a smaller forward with a larger pool: the OOM's error in the forward does not carry over
     assert not decide(_est(7.5, forward_gib=0.5), CAP, history).skip
     assert decide(_est(7.5, forward_gib=1.5), CAP, history).skip
+
+
+def test_an_oom_bars_no_config_whose_own_knobs_ran_healthy_above_its_need():
+    """Llama-3.1-8B / L40S open loop (x-8b-l40s-open, seed 5, 30 trials): a bisection between
+    its own knobs' healthy run and their OOM was skipped by another config's OOM, whose need was
+    under the healthy run's; launched, it runs healthy.  Own knobs healthy only under the OOM's
+    need leave the bar where it was."""
+    oom = _trial(_est(6.0), "oom")                       # another config: 24 GiB
+    above = _trial(_est(6.6), "ok")                      # these knobs at 24.6 GiB
+    below = _trial(_est(5.5), "ok")                      # these knobs at 23.5 GiB
+    assert decide(_est(7.0), CAP, [oom, above]).skip
+    assert not decide(_est(7.0), CAP, [oom, above], siblings=[above]).skip
+    assert decide(_est(7.0), CAP, [oom, below], siblings=[below]).skip
 
 
 def test_an_oom_in_another_cell_than_its_estimated_peak_sets_no_bar_for_that_peak():
@@ -195,3 +217,20 @@ def test_a_forward_measured_on_a_healthy_run_bars_a_config_of_its_form_that_cann
                            params={"x": 1}, outcome="ok", memory=run.memory, idle_bytes=idle,
                            cells=[{"cell": {"key": "c"}, "error_class": None}])
     assert measured([unmarked]) == {}
+
+
+def test_the_pipeline_hands_the_runs_of_a_configs_own_knobs_at_other_pools_as_siblings():
+    root = Path(__file__).resolve().parents[2]
+    model = load_model_info(root / "models" / "llama-3.1-8b")
+    cells = (Cell(16, 256, 64, 16),)
+    space = resolve_space(load_space(root / "search_spaces" / "infinilm.yaml"), model, CAP, cells)
+    ctx = TrialContext(space=space, workload=Workload("t", 0, None, cells, (), {}),
+                       model_dir=str(root / "models" / "llama-3.1-8b"), simulate="rtx4090")
+    pipe = AdaptivePipeline(ctx, parse_objectives(["max output_throughput"]), model, CAP)
+    knobs = {"block_size": 256, "enable_graph": True}
+
+    def run(**params):
+        return dataclasses.replace(_trial(_est(6.0), "ok"), params=params)
+    same = run(**knobs, kv_cache_tokens=8192, kv_share=0.5)
+    other = run(block_size=128, enable_graph=True, kv_cache_tokens=16384)
+    assert pipe._siblings([same, other], {**knobs, "kv_cache_tokens": 16384}) == [same]

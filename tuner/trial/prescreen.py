@@ -64,7 +64,12 @@ own evidence:
   arithmetic, so once a server was seen idle (the runtime measured) a config the check
   refuses is skipped without a margin; before that, only by the prior margin;
 * healthy runs: a healthy run at need H raises the bar to at least H: a config whose need is
-  at or below one seen running healthy is never skipped, whatever the OOMs say.
+  at or below one seen running healthy is never skipped, whatever the OOMs say.  And an OOM
+  bars no config whose own knobs (all but the pool) ran healthy at a need above the OOM's:
+  for those knobs the two configs do not err alike, which is all the OOM rule rests on
+  (Llama-3.1-8B / L40S open loop, round 52: a bisection between its own knobs' healthy run
+  and their OOM was skipped by another config's OOM, 1.5 GiB under the healthy run's need, and
+  it runs healthy).
 
 Skipped trials are COMPLETE with constraint feasible=1 (the sampler learns the region is
 infeasible), outcome 'skipped', with predicted_peak_bytes / capacity_bytes in their record.
@@ -181,11 +186,11 @@ def refused_by_check(attr: Mapping[str, Any], runtime: int, capacity: int) -> bo
     return _check_need(attr, runtime) > capacity
 
 
-def decide(est: Estimate, capacity: int, trials: Sequence[TrialRecord],
+def decide(est: Estimate, capacity: int, trials: Sequence[TrialRecord],  # noqa: PLR0913
            calibrated: float | None = None, graph: bool = False,
            proven: Mapping[tuple[str, bool, str], float] | None = None,
            measured: Mapping[tuple[str, bool, str], float] | None = None,
-           vouched: Collection[str] = ()) -> Decision:
+           vouched: Collection[str] = (), siblings: Sequence[TrialRecord] = ()) -> Decision:
     """Skip or run a config whose (calibrated) estimate is `est` and CUDA-graph setting
     `graph`, given the study so far; `calibrated`: its need with the forward scale the study
     measured (see module doc), which the margin rule reads where it is lower.  The OOM rule
@@ -193,18 +198,23 @@ def decide(est: Estimate, capacity: int, trials: Sequence[TrialRecord],
     scales the study's OOMs proved, per form of forward (`tuner.trial.kv_calibration.proven`);
     `measured`: the smallest its memory marks measured (`tuner.trial.kv_calibration.measured`);
     `vouched`: cells a nearer measurement clears (`tuner.trial.kv_calibration.vouched`), which
-    the rules that carry evidence from other configs (scales, the OOM margin) leave alone."""
+    the rules that carry evidence from other configs (scales, the OOM margin) leave alone;
+    `siblings`: the runs of the config's own knobs at other pools, whose healthy needs refute
+    the OOMs under them for these knobs (module doc)."""
     need = est.need
     certain = need if calibrated is None else min(need, int(calibrated))
     runtime = {g: calibrated_runtime(trials, g) for g in (False, True)}  # once, not per trial
     healthy = [_need(a, runtime) for t in trials
                if (a := _stored(t)) is not None and t.outcome in HEALTHY]
-    oom = [_need(a, runtime) for t in trials
+    own = max((_need(a, runtime) for t in siblings
+               if (a := _stored(t)) is not None and t.outcome in HEALTHY), default=0)
+    oom = [n for t in trials
            if (a := _stored(t)) is not None and t.outcome == "oom"
            and a.get("peak_cell") == est.peak_cell and (est.peak_cell, True) in cell_evidence(t, a)
            and bool(a["cuda_graph"]) == graph
            and a["forward"] <= est.forward
-           and not refused_by_check(a, runtime[bool(a["cuda_graph"])], capacity)]
+           and not refused_by_check(a, runtime[bool(a["cuda_graph"])], capacity)
+           and (n := _need(a, runtime)) >= own]
     prior = int(capacity * (1 + PRIOR_MARGIN))
     floor = max(healthy, default=0)
     bar = min([prior, *oom])
