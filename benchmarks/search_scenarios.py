@@ -384,6 +384,10 @@ ROUND51 = (
 # closed-loop cells (2k prompts, chat, 8k prompts): the corner holds a 41k-token pool beside its
 # 32k-token budget, p99 TPOT 26.1 ms (the default 206 ms).  Mistral-7B / L40S, Poisson 6k prompts
 # beside 96 chat: the corner's p99 TTFT is 2.04 s at a 157k-token pool (the default 56 s).
+# Later in the round, after both had run: Llama-3.2-3B / L40S, 1.2k prompts with 400-token answers
+# beside 6k prompts, the corner's p99 TPOT 29.4 ms at 99k tokens (the default 203 ms); Llama-3.1-8B
+# / H100, Poisson 3k prompts beside 128 chat, the corner's p90 E2EL 3.83 s at 320k tokens (the
+# default 36 s).
 ROUND52 = (
     Scenario("y-qwen7b-l40s-tpot3", "qwen2.5-7b", "l40s",
              (Cell(32, 2000, 256, 64), Cell(64, 300, 300, 128), Cell(8, 8000, 128, 16)),
@@ -392,6 +396,14 @@ ROUND52 = (
     Scenario("y-mistral-l40s-open", "mistral-7b", "l40s",
              (Cell(24, 6000, 256, 48, request_rate=0.5), Cell(96, 400, 250, 192)),
              {"p99_ttft_ms": 1800.0}, "round 52: Poisson 6k prompts beside 96 chat on 48 GB",
+             held_out=True),
+    Scenario("z-3b-l40s-tpot", "llama-3.2-3b", "l40s",
+             (Cell(48, 1200, 400, 96), Cell(16, 6000, 200, 32)),
+             {"p99_tpot_ms": 26.0}, "round 52: 1.2k prompts, long answers, beside 6k prompts",
+             held_out=True),
+    Scenario("z-8b-h100-e2el", "llama-3.1-8b", "h100-80g",
+             (Cell(32, 3000, 300, 64, request_rate=2.0), Cell(128, 400, 250, 256)),
+             {"p90_e2el_ms": 3400.0}, "round 52: Poisson 3k prompts beside 128 chat, p90 E2EL",
              held_out=True),
 )
 OPT_IN = (*UNSEEN, *FRESH, *ROUND21, *ROUND24, *ROUND25, *ROUND25B, *ROUND26,
