@@ -12,7 +12,7 @@ the cells in the order given and honour `keep_going`.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from functools import cached_property
 from pathlib import Path
@@ -28,10 +28,10 @@ from tuner.search.objectives import Objective
 from tuner.server.outcome import Outcome
 from tuner.study.objective import suggest
 from tuner.study.pareto import on_front
-from tuner.study.record import KV_SHARE, Stage, TrialRecord, records
+from tuner.study.record import Stage, TrialRecord, records
 from tuner.trial.context import TrialContext
 from tuner.trial.kv_calibration import measured, proven
-from tuner.trial.kv_share import KV_ROLES, KvEdge, kv_param
+from tuner.trial.kv_share import KV_ROLES, KvEdge, kv_param, others_key
 from tuner.trial.memory_estimate import Estimate, Knobs, estimate, knobs_from_params
 from tuner.trial.prescreen import calibrated_runtime, decide, estimate_attr, memory_constraint
 from tuner.trial.result import KeepGoing, TrialResult, median_metrics, more_runs
@@ -137,12 +137,9 @@ class AdaptivePipeline:
     def _siblings(self, trials: Sequence[TrialRecord],
                   params: dict[str, Any]) -> list[TrialRecord]:
         """The runs of `params`' knobs at other pools (the KV knob and its share aside)."""
-        pools = {p.name for p in self.ctx.space.parameters if p.role in KV_ROLES} | {KV_SHARE}
-
-        def kin(values: Mapping[str, Any]) -> dict[str, Any]:
-            return {k: v for k, v in values.items() if k not in pools}
-        mine = kin(params)
-        return [t for t in trials if kin(t.params) == mine]
+        kv = next((p.name for p in self.ctx.space.parameters if p.role in KV_ROLES), None)
+        mine = others_key(params, kv)
+        return [t for t in trials if others_key(t.params, kv) == mine]
 
     def _screener(self, trials: Sequence[TrialRecord], n_cells: int,
                   out: dict[str, Any]) -> KeepGoing | None:
