@@ -68,6 +68,8 @@ def test_distributions_and_render(tmp_path):
      "unknown key"),
     ("name: t\nparameters: {a: {type: int, low: 1, high: 2, flag: --a}}", "server: missing"),
     ("name: [unclosed\n", "malformed YAML"),
+    ("name: t\nserver: {command: [x], prefill_steps: whole}\n"
+     "parameters: {a: {type: int, low: 1, high: 2, flag: --a}}", "server.prefill_steps"),
 ])
 def test_bad_files_name_file_and_key(tmp_path, bad, needle):
     path = _write(tmp_path, bad)

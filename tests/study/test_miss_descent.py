@@ -9,7 +9,15 @@ from tuner.bench.records import Cell
 from tuner.search.bounds import resolve_space
 from tuner.search.model import load_model_info
 from tuner.search.space_file import load_space
-from tuner.study.miss_descent import deferring, descent_moves, held_pool, packings
+from tuner.study.miss_descent import (
+    budget_tops,
+    deferring,
+    descent_moves,
+    held_pool,
+    packings,
+    topped,
+    whole_budgets,
+)
 from tuner.study.record import KV_SHARE, TrialRecord
 from tuner.trial.kv_share import KvEdge
 
@@ -19,10 +27,10 @@ STEPS = ("cap", "first")   # what a step holds; y is not among them
 
 
 def _run(number: int, params: dict, ttft: float, tpot: float,
-         outcome: str = "slo", space: dict | None = None) -> TrialRecord:
+         outcome: str = "slo", space: dict | None = None, value: float = 100.0) -> TrialRecord:
     """A healthy run; `ttft` and `tpot` are its values over their limits (1.0: at the limit)."""
     t = optuna.trial.create_trial(
-        params=params, distributions={k: (space or SPACE)[k] for k in params}, values=[100.0],
+        params=params, distributions={k: (space or SPACE)[k] for k in params}, values=[value],
         user_attrs={"outcome": outcome},
         constraints={"slo:median_ttft_ms": ttft - 1.0, "slo:p99_tpot_ms": tpot - 1.0})
     t.number = number
@@ -110,18 +118,22 @@ def test_decode_first_defers_only_where_the_guard_calls_a_cells_prompts_long():
     assert deferring(space, cells, {**on, "decode_first_when_running": False}) == []
 
 
+def _infinilm_edge(model_name: str, cells: tuple[Cell, ...], gib: int) -> KvEdge:
+    """The memory edge of the shipped InfiniLM space for a shipped model on a `gib` GiB card."""
+    root = Path(__file__).resolve().parents[2]
+    model = load_model_info(root / "models" / model_name)
+    cap = gib * 2 ** 30
+    space = resolve_space(load_space(root / "search_spaces" / "infinilm.yaml"), model, cap, cells)
+    return KvEdge(space, model, cap, cells)
+
+
 def test_a_move_that_holds_less_keeps_its_runs_pool_where_its_share_gains_a_sliver():
     """From the run that missed least, at its edge (KV share 1): fewer long prompts per step
     hold less in the 8k cell and the same elsewhere, so the model draws the move a larger edge;
     where that is within `EDGE_TOL` of the run's pool, the move runs at that pool, where the run
     fit.  A larger gain keeps the share, and so does a move that holds more (a larger token
     budget)."""
-    root = Path(__file__).resolve().parents[2]
-    model = load_model_info(root / "models" / "mistral-7b")
-    cells = (Cell(8, 8000, 256, 16), Cell(64, 512, 256, 128))
-    cap = 80 * 2 ** 30
-    space = resolve_space(load_space(root / "search_spaces" / "infinilm.yaml"), model, cap, cells)
-    edge = KvEdge(space, model, cap, cells)
+    edge = _infinilm_edge("mistral-7b", (Cell(8, 8000, 256, 16), Cell(64, 512, 256, 128)), 80)
     knobs = {"block_size": 16, "max_batch_size": 128, "enable_graph": False,
              "disable_prefix_caching": False, "max_num_batched_tokens": 16384,
              "prefill_batch_cap": 64, "decode_batch_cap": 128, "long_context_threshold": 4096,
@@ -245,3 +257,91 @@ def test_smaller_blocks_that_went_with_smaller_misses_rank_by_their_correlation(
     base = {"cap": 16, "y": 0.0, "first": False, "graphs": True, "block": 256}
     assert descent_moves(runs, BLOCKS, STEPS, fast=("graphs",), packs={"block": 16}) == \
         [{**base, "cap": 4}, {**base, "block": 16}, {**base, "cap": 45}]
+
+
+BUDGETS = {**SPACE, "budget": IntDistribution(1024, 32768, log=True)}
+
+
+def _budget_run(number: int, cap: int, budget: int, ttft: float, tpot: float,
+                value: float = 100.0) -> TrialRecord:
+    """A healthy run of the BUDGETS space; `ttft` and `tpot` over their limits."""
+    return _run(number, {"cap": cap, "y": number / 10, "first": False, "budget": budget}, ttft,
+                tpot, space=BUDGETS, value=value)
+
+
+def test_a_per_token_miss_opens_a_whole_prompt_budget_before_any_number_moves_its_other_way():
+    """Every run missed p99 TPOT, the larger budgets with the larger misses (they came with
+    large caps).  Where a step prefills whole prompts or decodes, a budget at its top stalls
+    the decodes fewest times: it ranks like the faster step, after the correlated cap move and
+    ahead of every number's other way (see module doc; the budget's way down, to 1448, is too
+    small a move); a waiting-time miss does not get it, nor a space without such a budget."""
+    runs = [_budget_run(0, 16, 2048, ttft=0.5, tpot=1.02),
+            _budget_run(1, 64, 8192, ttft=0.5, tpot=3.0),
+            _budget_run(2, 32, 4096, ttft=0.5, tpot=1.5)]
+    base = {"cap": 16, "y": 0.0, "first": False, "budget": 2048}
+    steps = (*STEPS, "budget")
+    moves = descent_moves(runs, BUDGETS, steps, tops=lambda p: ["budget"])
+    assert moves == [{**base, "cap": 4}, {**base, "budget": 32768}, {**base, "budget": 8192},
+                     {**base, "cap": 45}]
+    assert descent_moves(runs, BUDGETS, steps) == [m for i, m in enumerate(moves) if i != 1]
+    alone = _run(3, {**base, "budget": 8192}, ttft=0.5, tpot=1.04, space=BUDGETS)
+    assert {**base, "budget": 32768} in descent_moves([*runs, alone], BUDGETS, steps,
+                                                      tops=lambda p: ["budget"])   # not its top
+    waiting = [_budget_run(r.number, r.params["cap"], r.params["budget"], ttft=1.0 + (
+        r.constraints["slo:p99_tpot_ms"]), tpot=0.5) for r in runs]
+    assert {**base, "budget": 32768} not in descent_moves(waiting, BUDGETS, steps,
+                                                         tops=lambda p: ["budget"])
+
+
+def test_a_miss_above_the_incumbent_is_repaired_with_its_whole_prompt_budget_at_the_top():
+    """Runs that missed a per-token SLO with more throughput than the incumbent (50), the
+    better first, each with its budget at the top; not one that missed the TTFT SLO most,
+    one below the incumbent, or one whose budget at its top would start no more prompts."""
+    runs = [_budget_run(0, 16, 2048, ttft=0.5, tpot=1.2, value=80.0),
+            _budget_run(1, 64, 4096, ttft=0.5, tpot=1.1, value=120.0),
+            _budget_run(2, 32, 4096, ttft=2.0, tpot=1.1, value=200.0),
+            _budget_run(3, 8, 1024, ttft=0.5, tpot=1.5, value=40.0),
+            _budget_run(4, 4, 32768, ttft=0.5, tpot=1.5, value=90.0)]
+    got = topped(runs, BUDGETS, lambda p: ["budget"] if p["budget"] < 32768 else [], 1.0, 50.0)
+    assert got == [{**{k: runs[i].params[k] for k in BUDGETS}, "budget": 32768} for i in (1, 0)]
+    assert topped(runs, BUDGETS, lambda p: [], 1.0, 50.0) == []
+
+
+def test_only_a_server_whose_steps_prefill_whole_prompts_has_such_budgets():
+    root = Path(__file__).resolve().parents[2] / "search_spaces"
+    assert whole_budgets(load_space(root / "infinilm.yaml")) == ["max_num_batched_tokens"]
+    for name in ("vllm", "sglang", "transformers"):
+        assert whole_budgets(load_space(root / f"{name}.yaml")) == []
+
+
+def test_a_budget_top_is_offered_where_it_starts_more_prompts_until_the_study_refutes_it():
+    """On InfiniLM (whole prompts): a 4k budget starts one 3k prompt a step and its top ten,
+    so the top is offered; where the long-context guard holds the 3k prompts one a step
+    (threshold 2048, one long request a step), the top starts no more and is not.  Once a run
+    at the top missed p99 TPOT no less than the same knobs at 4k, nothing is offered."""
+    edge = _infinilm_edge("llama-3.2-3b", (Cell(16, 3000, 256, 32), Cell(8, 300, 256, 16)),
+                          48)   # 4k holds eight chats
+    knobs = {"block_size": 16, "max_batch_size": 128, "enable_graph": True,
+             "disable_prefix_caching": False, "max_num_batched_tokens": 4096,
+             "prefill_batch_cap": 64, "decode_batch_cap": 128, "long_context_threshold": 4096,
+             "long_context_max_batch": 1, "long_context_use_total_len": False,
+             "decode_first_when_running": False}
+    dists = {p.name: p.distribution() for p in edge.space.parameters
+             if p.name != "kv_cache_tokens"}
+    assert budget_tops([], dists, edge)(knobs) == ["max_num_batched_tokens"]
+    assert budget_tops([], dists, edge)({**knobs, "long_context_threshold": 2048}) == []
+    assert budget_tops([], dists, None)(knobs) == []
+
+    def run(number: int, budget: int, tpot: float) -> TrialRecord:
+        t = optuna.trial.create_trial(
+            params={**knobs, "max_num_batched_tokens": budget, "kv_cache_tokens": 50000},
+            distributions={**dists, "kv_cache_tokens": IntDistribution(4096, 10 ** 7)},
+            values=[100.0], user_attrs={"outcome": "slo"},
+            constraints={"slo:p99_tpot_ms": tpot - 1.0})
+        t.number = number
+        return TrialRecord.of(t)
+    top = int(dists["max_num_batched_tokens"].high)
+    helped = [run(0, 4096, 1.3), run(1, top, 1.1)]
+    assert budget_tops(helped, dists, edge)(knobs) == ["max_num_batched_tokens"]
+    failed = [run(0, 4096, 1.3), run(1, top, 1.3)]
+    assert budget_tops(failed, dists, edge)(knobs) == []

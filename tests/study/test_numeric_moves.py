@@ -9,7 +9,7 @@ from optuna.distributions import CategoricalDistribution, FloatDistribution, Int
 from optuna.study import StudyDirection
 
 from tuner.bench.records import Cell
-from tuner.search.space import Param
+from tuner.search.space import Param, ServerSpec
 from tuner.study.ascent import ascent_move
 from tuner.study.local_moves import STEP_SCALE
 from tuner.study.pool_trades import floor_relief, pool_trade, reliefs
@@ -191,7 +191,8 @@ class _StudyEdge(_Edge):
 
     @property
     def space(self):
-        return SimpleNamespace(parameters=[Param("cap", "int", role="decode_batch_cap")])
+        return SimpleNamespace(parameters=[Param("cap", "int", role="decode_batch_cap")],
+                               server=ServerSpec(command=("server",)))
 
     @property
     def cells(self):

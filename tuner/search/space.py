@@ -105,6 +105,7 @@ class ServerSpec:
     warmup_before_health: bool = False
     model_name: str | None = None
     memory_cap: str = "ballast"   # how --gpu-memory-cap reaches it: "env" or a ballast process
+    prefill_steps: str = "mixed"  # "separate": a step prefills whole prompts or decodes, not both
 
 
 @dataclass(frozen=True)

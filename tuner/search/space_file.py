@@ -20,7 +20,8 @@ _PARAM_KEYS = {"type", "low", "high", "step", "log", "choices", "flag", "env", "
 _TOP_KEYS = {"name", "description", "server", "fixed_flags", "fixed_env", "parameters",
              "failure_patterns"}
 _SERVER_KEYS = {"command", "simulator", "health_path", "startup_timeout_s", "api",
-                "request_extra", "warmup_before_health", "model_name", "memory_cap"}
+                "request_extra", "warmup_before_health", "model_name", "memory_cap",
+                "prefill_steps"}
 
 
 def _require(cond: bool, path: Path, key: str, msg: str) -> None:
@@ -127,6 +128,10 @@ def _server(path: Path, server: Any) -> ServerSpec:
     _require(server.get("memory_cap", "ballast") in ("ballast", "env"), path, "server.memory_cap",
              "must be 'ballast' (tuner holds the card above --gpu-memory-cap) or 'env' (the "
              "server caps itself at TUNER_GPU_MEMORY_CAP_GIB)")
+    _require(server.get("prefill_steps", "mixed") in ("mixed", "separate"), path,
+             "server.prefill_steps",
+             "must be 'mixed' (a step may hold prefill chunks beside decodes) or 'separate' (a "
+             "step prefills whole prompts or decodes, never both)")
     return ServerSpec(
         command=tuple(server["command"]),
         simulator=tuple(server["simulator"]) if server.get("simulator") else None,
@@ -136,7 +141,8 @@ def _server(path: Path, server: Any) -> ServerSpec:
         request_extra=dict(server.get("request_extra") or {}),
         warmup_before_health=bool(server.get("warmup_before_health", False)),
         model_name=server.get("model_name"),
-        memory_cap=str(server.get("memory_cap", "ballast")))
+        memory_cap=str(server.get("memory_cap", "ballast")),
+        prefill_steps=str(server.get("prefill_steps", "mixed")))
 
 
 def _parameters(path: Path, params: Any) -> tuple[Param, ...]:

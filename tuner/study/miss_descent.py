@@ -85,12 +85,37 @@ the suite (3.8% at 10 trials, 2.1% at 20), whose least miss had one long prompt 
 step and whose long-context cap came a turn later.  Where nothing else is left to move (the
 last resort of `tuner.study.proposals`), it comes after the faster step.  Not for a per-token
 miss: the requests a fuller pool admits make each decode step slower.
+
+Why, for a per-token miss on a server whose steps prefill whole prompts or decode, never both
+(`ServerSpec.prefill_steps: separate`, InfiniLM), each token budget at the top of its range:
+there every prefill step stalls every running decode, and a budget that starts the waiting
+prompts in fewer steps stalls them fewer times; a larger step costs about its tokens, the
+stalls each add a step's fixed cost and break the decodes into more rounds.  The descent moves
+a number halfway to its end, and the start-up corner draws the budget, so a study whose best
+config opens the budget fully at its edge walks there in several turns or not at all.  On the
+Qwen2.5-7B / L40S scenario of benchmarks/search_efficiency.py (y-qwen7b-l40s-tpot3: 2k, chat
+and 8k prompts, p99 TPOT <= 24 ms; round 52) every 30-trial seed ended with nothing feasible:
+the best config is a 32k budget at its memory edge, and the same config at half that budget
+missed (28.9 ms).  It is ranked like the faster step (never below `FAST_PRIOR`), by the
+correlation of a larger budget with a smaller miss.  Not where steps are mixed (vLLM, SGLang):
+there a larger budget puts more prefill tokens beside the decodes of one step, which makes
+that step longer.  Once a run has met the SLOs, a run that missed a per-token SLO most with
+more throughput than the incumbent gets the same move (`topped`, from the proposals' repair of
+such runs): on the Llama-3.2-3B / L40S scenario (z-3b-l40s-tpot: 1.2k prompts with 400-token
+answers beside 6k prompts, p99 TPOT <= 26 ms) the start-up corner, every cap open at a 1.2k
+budget, missed by 34-45% at twice the incumbents' throughput, and the incumbents' neighbours
+never reached the best config, that corner with a 32k budget at its edge.  Both stop once
+the study has measured the move fail (`budget_tops`): a run with its budget at the top that
+missed no less than the same knobs at a smaller budget.  On Llama-3.1-8B / RTX 3090 (w-8b-3090-
+tpot: 2k prompts with 768-token answers, p99 TPOT <= 25 ms), whose best config prefills 5.4k
+tokens a step at an 11.4k-token pool, a 32k budget's forward takes the pool's memory, and
+without that stop one 30-trial study spent five turns on such repairs, each missing as much.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Any
 
 from optuna.distributions import (
@@ -107,6 +132,7 @@ from tuner.study.design import level
 from tuner.study.edge_pushes import waiting
 from tuner.study.local_moves import STEP_SCALE, position
 from tuner.study.record import KV_SHARE, TrialRecord
+from tuner.study.step_shape import held
 from tuner.trial.kv_share import EDGE_TOL, KvEdge
 from tuner.trial.memory_estimate import Estimate, estimate, knobs_from_params
 
@@ -116,6 +142,8 @@ POLICY_ROLES = ("decode_first",)   # choices of which requests a step takes firs
 SPEED_ROLES = ("cuda_graph",)   # choices that, on, make a decode step faster
 PACK_ROLES = ("block_size",)    # choices that decide how much of a request's last block is waste
 FAST_PRIOR = 1e-3   # the least rank of a faster decode step in the descent (module doc)
+PER_TOKEN = ("tpot", "itl")   # SLO metrics of the time between one request's tokens
+Tops = Callable[[Mapping[str, Any]], list[str]]   # a config's budgets whose top starts more
 
 
 def policies(space: SearchSpace) -> list[str]:
@@ -135,6 +163,54 @@ def packings(space: SearchSpace) -> dict[str, Any]:
             if p.role in PACK_ROLES and p.type == "categorical" and p.choices}
 
 
+def whole_budgets(space: SearchSpace) -> list[str]:
+    """The token budgets of `space` where its server's steps prefill whole prompts or decode,
+    never both (`ServerSpec.prefill_steps`): their top stalls the decodes least (module doc)."""
+    return space.budgets() if space.server.prefill_steps == "separate" else []
+
+
+def budget_tops(trials: Sequence[TrialRecord], space: Mapping[str, BaseDistribution],
+                edge: KvEdge | None) -> Tops:
+    """For a config: the `whole_budgets` of the edge's space that, at the top of their range,
+    would start more prompts in one prefill step of some cell than the config does (a server
+    that prefills whole prompts starts the first whatever its budget, and a prefill cap or the
+    long-context guard can bind first); none once the study has measured the move fail: a run
+    with them at their top where a run with the same other knobs (the pool aside) had them
+    lower, that missed its per-token SLO no less (module doc)."""
+    if edge is None:
+        return lambda params: []
+    names = [n for n in whole_budgets(edge.space) if n in space]
+    others = [k for k in space if k != KV_SHARE]
+    runs = [t for t in trials if t.outcome in ("ok", "slo") and t.original
+            and all(k in t.params for k in others)]
+    for moved in runs:
+        for base in runs:
+            diff = [k for k in others if moved.params[k] != base.params[k]]
+            metric = _worst(base)[0]
+            if diff and set(diff) <= set(names) and per_token(metric) \
+                    and all(moved.params[k] == _top(space[k]) for k in diff) \
+                    and _excess(moved, metric) >= _excess(base, metric):
+                return lambda params: []
+
+    def starts(params: Mapping[str, Any]) -> list[float]:
+        k = knobs_from_params(edge.space, dict(params))
+        return [min(held(c), k.prefill_limit,
+                    (k.long_max_batch or math.inf) if k.calls_long(c) else math.inf,
+                    max(1, k.token_budget // max(c.input_len, 1)) if k.token_budget
+                    else math.inf) for c in edge.cells]
+
+    def opening(params: Mapping[str, Any]) -> list[str]:
+        now = starts(params)
+        return [n for n in names if any(a > b for a, b in zip(
+            starts({**params, n: _top(space[n])}), now))]
+    return opening
+
+
+def per_token(constraint: str) -> bool:
+    """Whether a constraint is an SLO on the time between one request's tokens."""
+    return constraint.startswith("slo:") and any(m in constraint for m in PER_TOKEN)
+
+
 def deferring(space: SearchSpace, cells: Sequence[Cell], params: dict[str, Any]) -> list[str]:
     """The policy knobs that hold some request of `cells` back in this config: decode-first,
     where the long-context guard calls a cell's prompts long (it defers only those)."""
@@ -146,10 +222,12 @@ def deferring(space: SearchSpace, cells: Sequence[Cell], params: dict[str, Any])
 
 def descent_moves(trials: Sequence[TrialRecord], space: Mapping[str, BaseDistribution],
                   steps: Collection[str], fast: Collection[str] = (),
-                  packs: Mapping[str, Any] | None = None) -> list[dict[str, Any]]:
+                  packs: Mapping[str, Any] | None = None,
+                  tops: Tops | None = None) -> list[dict[str, Any]]:
     """The moves of the run that missed its SLOs least, one of the `steps` knobs each (what a
     step holds), strongest correlation first, then each number's other way; each of the `fast`
-    knobs turned on, ahead of every number's other way; for a waiting-time miss, each of the
+    knobs turned on, and for a per-token miss each of the run's `tops` at the top of its range
+    (`budget_tops`), ahead of every number's other way; for a waiting-time miss, each of the
     `packs` knobs set to its value (`packings`) by its correlation alone, after the other ways
     where it has none (see module doc); none with fewer than `MIN_RUNS` healthy runs."""
     found = _least_miss(trials, space)
@@ -159,16 +237,19 @@ def descent_moves(trials: Sequence[TrialRecord], space: Mapping[str, BaseDistrib
     metric = _worst(base)[0]
     miss = ranks([_excess(t, metric) for t in runs])
     tried = _tried(base, runs, [k for k in space if k != KV_SHARE])
-    # (tier, least rank, knob, value): a faster step ahead of every number's other way, a
-    # block by its correlation alone, after them where it has none (module doc)
+    # (tier, least rank, knob, value): a faster step and a whole-prompt budget at its top
+    # ahead of every number's other way, a block by its correlation alone, after them where
+    # it has none (module doc)
     priors = [(0, FAST_PRIOR, name, True) for name in fast]
     if waiting(metric):
         priors += [(1, 0.0, name, value) for name, value in (packs or {}).items()]
+    opened = tops(base.params) if tops is not None and per_token(metric) else []
+    priors += [(0, FAST_PRIOR, name, _top(space[name])) for name in opened]
     scored: list[tuple[float, int, str, dict[str, Any]]] = []
-    for tier, least, name, value in priors:
-        if name in space and name not in tried and base.params[name] != value \
-                and value in _choices(space[name]):
-            rho = pearson(ranks([float(t.params[name] == value) for t in runs]), miss)
+    for tier, least, name, value in priors:   # a number moved alone has not measured its top
+        if name in space and (name not in tried or name in opened) \
+                and base.params[name] != value and _holds(space[name], value):
+            rho = pearson(ranks([_at(t.params[name], value, space[name]) for t in runs]), miss)
             scored.append((-max(-rho, least), tier, name,
                            {**{k: base.params[k] for k in space}, name: value}))
     for name, dist in space.items():
@@ -178,6 +259,25 @@ def descent_moves(trials: Sequence[TrialRecord], space: Mapping[str, BaseDistrib
             scored.append((-strength, 0, name,
                            {**{k: base.params[k] for k in space}, name: value}))
     return [move for *_, move in sorted(scored, key=lambda s: s[:3])]
+
+
+def topped(trials: Sequence[TrialRecord], space: Mapping[str, BaseDistribution],
+           tops: Tops, sign: float, best: float) -> list[dict[str, Any]]:
+    """The runs that missed a per-token SLO most with a better objective than `best` (the
+    incumbent's, times `sign`), each with its `tops` at the top of their range
+    (`budget_tops`), the better objective first: the repair of such a run the descent would
+    propose first were nothing feasible yet (module doc)."""
+    out = []
+    for t in trials:
+        value = sign * t.values[0] if t.values else -math.inf
+        if t.outcome != "slo" or not t.original or value <= best \
+                or not space.keys() <= t.params.keys() or not per_token(_worst(t)[0]):
+            continue
+        params = {k: t.params[k] for k in space}
+        moved = {n: _top(space[n]) for n in tops(params)}
+        if moved:
+            out.append((-value, t.number, {**params, **moved}))
+    return [cand for *_, cand in sorted(out, key=lambda r: r[:2])]
 
 
 def held_pool(move: dict[str, Any], trials: Sequence[TrialRecord],
@@ -253,8 +353,25 @@ def _ways(name: str, dist: BaseDistribution, runs: Sequence[TrialRecord],
     return out
 
 
-def _choices(dist: BaseDistribution) -> tuple[Any, ...]:
-    return dist.choices if isinstance(dist, CategoricalDistribution) else ()
+def _top(dist: BaseDistribution) -> Any:
+    """The top of a number's range; None for a choice (no such value)."""
+    return dist.high if isinstance(dist, (IntDistribution, FloatDistribution)) else None
+
+
+def _holds(dist: BaseDistribution, value: Any) -> bool:
+    if isinstance(dist, CategoricalDistribution):
+        return value in dist.choices
+    assert isinstance(dist, (IntDistribution, FloatDistribution))
+    return value is not None and dist.low <= value <= dist.high
+
+
+def _at(have: Any, value: Any, dist: BaseDistribution) -> float:
+    """How near a run's `have` is to a prior's `value`: a choice's match, a number's position
+    in its range (a number's prior is its top)."""
+    if isinstance(dist, CategoricalDistribution):
+        return float(have == value)
+    assert isinstance(dist, (IntDistribution, FloatDistribution))
+    return position(have, dist)
 
 
 def _tried(base: TrialRecord, runs: Sequence[TrialRecord], names: Sequence[str]) -> set[str]:

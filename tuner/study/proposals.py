@@ -70,12 +70,14 @@ from tuner.study.local_moves import (
     pattern_move,
 )
 from tuner.study.miss_descent import (
+    budget_tops,
     deferring,
     descent_moves,
     held_pool,
     packings,
     policies,
     speeds,
+    topped,
 )
 from tuner.study.open_caps import cap_moves, cap_targets, raised_budget
 from tuner.study.pool_trades import failed_trades, floor_relief, pool_trade, reliefs, trades_of
@@ -222,7 +224,9 @@ class GuidedSampler(BaseSampler):
                 search_space: dict[str, BaseDistribution], slack: Slack,
                 sign: float) -> Local | None:
         """A run that missed the SLOs with a better objective than `top`'s, with a choice
-        that won its comparisons (`tuner.study.flips.repairs`), at that run's pool."""
+        that won its comparisons (`tuner.study.flips.repairs`), at that run's pool; else one
+        that missed a per-token SLO most, with its whole-prompt token budgets at their top
+        (`tuner.study.miss_descent.topped`), at its share of that config's edge."""
         best = sign * top.values[0] if top.values else -math.inf
         kv_name = self._edge.param.name if self._edge is not None else None
         fresh = fresh_in(trials, self._edge)
@@ -230,7 +234,9 @@ class GuidedSampler(BaseSampler):
             params, pool = at_pool(cand, miss, self._edge, trials)
             if fresh(params, slack, pool):
                 return params, pool
-        return None
+        tops = budget_tops(trials, search_space, self._edge)
+        return next(((c, None) for c in topped(trials, search_space, tops, sign, best)
+                     if fresh(c, slack)), None)
 
     def _pairs(self, cand: dict[str, Any], top: TrialRecord, base: dict[str, Any],
                trials: Sequence[TrialRecord], search_space: dict[str, BaseDistribution],
@@ -308,6 +314,7 @@ class GuidedSampler(BaseSampler):
         fresh = fresh_in(trials, self._edge)
         fast = speeds(self._edge.space) if self._edge is not None else ()
         packs = packings(self._edge.space) if self._edge is not None else {}
+        tops = budget_tops(trials, search_space, self._edge)
         if waits(trials):
             edge = self._edge
             retry = design.corner_retry(
@@ -319,13 +326,13 @@ class GuidedSampler(BaseSampler):
             if move is not None and fresh(move, slack):
                 return move, None
             if last is not None and fresh(last, slack):   # a faster step, a smaller block first
-                for cand in descent_moves(trials, search_space, (), fast, packs):
+                for cand in descent_moves(trials, search_space, (), fast, packs, tops):
                     if fresh(cand, slack, pinned := held_pool(cand, trials, search_space, edge)):
                         return cand, pinned
                 return last, None
         steps = {*self._limits, *self._budgets,
                  *(policies(self._edge.space) if self._edge is not None else ())}
-        for cand in descent_moves(trials, search_space, steps, fast, packs):
+        for cand in descent_moves(trials, search_space, steps, fast, packs, tops):
             if fresh(cand, slack, pinned := held_pool(cand, trials, search_space, self._edge)):
                 return cand, pinned
         move = self._ascent(trials, directions, search_space, lambda c: fresh(c, slack))
