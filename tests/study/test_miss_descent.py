@@ -57,7 +57,8 @@ def test_a_number_moves_halfway_to_the_end_that_goes_with_a_smaller_miss():
     runs = [_run(i, {"cap": cap, "y": y, "first": False}, ttft=t, tpot=0.5)
             for i, (cap, y, t) in enumerate([(16, 0.4, 1.1), (64, 0.6, 1.5), (128, 0.9, 3.0)])]
     moves = descent_moves(runs, SPACE, STEPS)
-    assert moves == [{"cap": 4, "y": 0.4, "first": False}, {"cap": 45, "y": 0.4, "first": False}]
+    assert moves == [{"cap": 4, "y": 0.4, "first": False}, {"cap": 45, "y": 0.4, "first": False},
+                     {"cap": 16, "y": 0.4, "first": True}]   # a choice's other way, last
     assert descent_moves(runs, SPACE, STEPS + ("y",))[1] == {"cap": 16, "y": 0.2, "first": False}
 
 
@@ -70,7 +71,8 @@ def test_a_number_whose_correlated_way_is_spent_moves_the_other_way():
     runs = [_run(0, {"cap": 128, "y": 0.5, "first": True}, ttft=1.01, tpot=0.5),
             _run(1, {"cap": 4, "y": 0.2, "first": False}, ttft=3.0, tpot=0.5),
             _run(2, {"cap": 16, "y": 0.8, "first": True}, ttft=2.0, tpot=0.5)]
-    assert descent_moves(runs, SPACE, STEPS) == [{"cap": 11, "y": 0.5, "first": True}]
+    assert descent_moves(runs, SPACE, STEPS) == [{"cap": 11, "y": 0.5, "first": True},
+                                                 {"cap": 128, "y": 0.5, "first": False}]
 
 
 def test_a_number_the_runs_do_not_rank_moves_either_way():
@@ -80,14 +82,15 @@ def test_a_number_the_runs_do_not_rank_moves_either_way():
             _run(1, {"cap": 16, "y": 0.2, "first": True}, ttft=3.0, tpot=0.5),
             _run(2, {"cap": 16, "y": 0.8, "first": True}, ttft=2.0, tpot=0.5)]
     assert [{k: m[k] for k in ("cap", "first")} for m in descent_moves(runs, SPACE, STEPS)] == [
-        {"cap": 45, "first": False}, {"cap": 4, "first": False}]
+        {"cap": 45, "first": False}, {"cap": 4, "first": False}, {"cap": 16, "first": True}]
 
 
 def test_nothing_to_descend_from_with_too_few_runs_or_no_miss_that_varies():
     runs = [_run(i, {"cap": 2 ** i, "y": 0.5, "first": False}, ttft=2.0, tpot=0.5)
             for i in range(3)]
     assert descent_moves(runs[:2], SPACE, STEPS) == []      # two runs rank nothing
-    assert descent_moves(runs, SPACE, STEPS) == []          # every run missed alike
+    # every run missed alike, and cap was moved alone from run 0: the choice, either way
+    assert descent_moves(runs, SPACE, STEPS) == [{"cap": 1, "y": 0.5, "first": True}]
     oom = _run(3, {"cap": 1, "y": 0.5, "first": True}, ttft=0.0, tpot=0.0, outcome="oom")
     assert descent_moves([*runs[:2], oom], SPACE, STEPS) == []   # only healthy runs count
 
@@ -101,10 +104,11 @@ def test_a_knob_is_moved_once_from_a_run_and_never_by_a_sliver():
             _run(2, {"cap": 100, "y": 0.5, "first": True}, ttft=2.0, tpot=0.5)]
     assert [m["cap"] for m in descent_moves(runs, SPACE, STEPS)][:1] == [8]
     again = [*runs, _run(3, {"cap": 8, "y": 0.5, "first": False}, ttft=1.1, tpot=0.5)]
-    assert descent_moves(again, SPACE, STEPS) == []   # first: False goes with the smaller miss
+    # first: False goes with the smaller miss: its other way only
+    assert descent_moves(again, SPACE, STEPS) == [{"cap": 64, "y": 0.5, "first": True}]
     low = [_run(i, {"cap": cap, "y": 0.5, "first": False}, ttft=t, tpot=0.5)
            for i, (cap, t) in enumerate([(2, 1.1), (64, 1.5), (128, 3.0)])]
-    assert descent_moves(low, SPACE, STEPS) == []
+    assert descent_moves(low, SPACE, STEPS) == [{"cap": 2, "y": 0.5, "first": True}]
 
 
 def test_decode_first_defers_only_where_the_guard_calls_a_cells_prompts_long():
@@ -183,8 +187,10 @@ def test_a_per_token_miss_turns_the_faster_decode_step_on_before_any_number_move
             _graph_run(2, 64, False, ttft=0.5, tpot=1.5)]
     moves = descent_moves(runs, GRAPHS, STEPS, fast=("graphs",))
     base = {"cap": 16, "y": 0.0, "first": False, "graphs": False}
-    assert moves == [{**base, "cap": 45}, {**base, "graphs": True}, {**base, "cap": 4}]
-    assert descent_moves(runs, GRAPHS, STEPS) == [{**base, "cap": 45}, {**base, "cap": 4}]
+    assert moves == [{**base, "cap": 45}, {**base, "graphs": True}, {**base, "cap": 4},
+                     {**base, "first": True}]
+    assert descent_moves(runs, GRAPHS, STEPS) == [{**base, "cap": 45}, {**base, "cap": 4},
+                                                  {**base, "first": True}]
 
 
 def test_a_waiting_time_miss_turns_the_faster_decode_step_on_in_the_same_rank():
@@ -196,7 +202,8 @@ def test_a_waiting_time_miss_turns_the_faster_decode_step_on_in_the_same_rank():
             _graph_run(2, 64, False, ttft=1.5, tpot=0.5)]
     base = {"cap": 16, "y": 0.0, "first": False, "graphs": False}
     assert descent_moves(runs, GRAPHS, STEPS, fast=("graphs",)) == \
-        [{**base, "cap": 45}, {**base, "graphs": True}, {**base, "cap": 4}]
+        [{**base, "cap": 45}, {**base, "graphs": True}, {**base, "cap": 4},
+         {**base, "first": True}]
 
 
 BLOCKS = {**GRAPHS, "block": CategoricalDistribution([16, 64, 256])}
@@ -221,9 +228,10 @@ def test_a_waiting_time_miss_moves_to_the_smallest_block_after_the_other_ways():
     base = {"cap": 16, "y": 0.0, "first": False, "graphs": False, "block": 256}
     assert descent_moves(runs, BLOCKS, STEPS, fast=("graphs",), packs={"block": 16}) == \
         [{**base, "cap": 45}, {**base, "graphs": True}, {**base, "cap": 4},
-         {**base, "block": 16}]
+         {**base, "first": True}, {**base, "block": 16}]
     assert descent_moves(runs, BLOCKS, STEPS, fast=("graphs",)) == \
-        [{**base, "cap": 45}, {**base, "graphs": True}, {**base, "cap": 4}]
+        [{**base, "cap": 45}, {**base, "graphs": True}, {**base, "cap": 4},
+         {**base, "first": True}]
 
 
 def test_a_per_token_miss_keeps_its_block():
@@ -235,7 +243,8 @@ def test_a_per_token_miss_keeps_its_block():
             _block_run(2, 64, False, 256, ttft=0.5, tpot=1.5)]
     base = {"cap": 16, "y": 0.0, "first": False, "graphs": False, "block": 256}
     assert descent_moves(runs, BLOCKS, STEPS, fast=("graphs",), packs={"block": 16}) == \
-        [{**base, "cap": 45}, {**base, "graphs": True}, {**base, "cap": 4}]
+        [{**base, "cap": 45}, {**base, "graphs": True}, {**base, "cap": 4},
+         {**base, "first": True}]
 
 
 def test_the_packing_knobs_of_the_shipped_spaces_go_to_their_smallest_block():
@@ -256,7 +265,8 @@ def test_smaller_blocks_that_went_with_smaller_misses_rank_by_their_correlation(
             _block_run(4, 32, True, 256, ttft=2.0, tpot=0.5)]
     base = {"cap": 16, "y": 0.0, "first": False, "graphs": True, "block": 256}
     assert descent_moves(runs, BLOCKS, STEPS, fast=("graphs",), packs={"block": 16}) == \
-        [{**base, "cap": 4}, {**base, "block": 16}, {**base, "cap": 45}]
+        [{**base, "cap": 4}, {**base, "block": 16}, {**base, "cap": 45},
+         {**base, "first": True}]
 
 
 BUDGETS = {**SPACE, "budget": IntDistribution(1024, 32768, log=True)}
@@ -282,7 +292,7 @@ def test_a_per_token_miss_opens_a_whole_prompt_budget_before_any_number_moves_it
     steps = (*STEPS, "budget")
     moves = descent_moves(runs, BUDGETS, steps, tops=lambda p: ["budget"])
     assert moves == [{**base, "cap": 4}, {**base, "budget": 32768}, {**base, "budget": 8192},
-                     {**base, "cap": 45}]
+                     {**base, "cap": 45}, {**base, "first": True}]
     assert descent_moves(runs, BUDGETS, steps) == [m for i, m in enumerate(moves) if i != 1]
     alone = _run(3, {**base, "budget": 8192}, ttft=0.5, tpot=1.04, space=BUDGETS)
     assert {**base, "budget": 32768} in descent_moves([*runs, alone], BUDGETS, steps,
