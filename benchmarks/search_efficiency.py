@@ -88,7 +88,8 @@ TUNER_ONLY = {"study/proposals.py", "study/local_moves.py", "study/design.py",  
               "study/ascent.py", "study/pool_trades.py",
               "study/dead_choices.py", "study/flips.py", "study/open_caps.py",
               "study/edge_pushes.py", "study/open_knobs.py", "study/miss_descent.py",
-              "study/trade_bisection.py", "trial/kv_share.py", "trial/runnable_default.py",
+              "study/trade_bisection.py", "study/per_token_repairs.py",
+              "trial/kv_share.py", "trial/runnable_default.py",
               "trial/kv_calibration.py"}  # tuner only
 
 

@@ -15,7 +15,6 @@ from tuner.study.miss_descent import (
     descent_moves,
     held_pool,
     packings,
-    topped,
     whole_budgets,
 )
 from tuner.study.record import KV_SHARE, TrialRecord
@@ -301,20 +300,6 @@ def test_a_per_token_miss_opens_a_whole_prompt_budget_before_any_number_moves_it
         r.constraints["slo:p99_tpot_ms"]), tpot=0.5) for r in runs]
     assert {**base, "budget": 32768} not in descent_moves(waiting, BUDGETS, steps,
                                                          tops=lambda p: ["budget"])
-
-
-def test_a_miss_above_the_incumbent_is_repaired_with_its_whole_prompt_budget_at_the_top():
-    """Runs that missed a per-token SLO with more throughput than the incumbent (50), the
-    better first, each with its budget at the top; not one that missed the TTFT SLO most,
-    one below the incumbent, or one whose budget at its top would start no more prompts."""
-    runs = [_budget_run(0, 16, 2048, ttft=0.5, tpot=1.2, value=80.0),
-            _budget_run(1, 64, 4096, ttft=0.5, tpot=1.1, value=120.0),
-            _budget_run(2, 32, 4096, ttft=2.0, tpot=1.1, value=200.0),
-            _budget_run(3, 8, 1024, ttft=0.5, tpot=1.5, value=40.0),
-            _budget_run(4, 4, 32768, ttft=0.5, tpot=1.5, value=90.0)]
-    got = topped(runs, BUDGETS, lambda p: ["budget"] if p["budget"] < 32768 else [], 1.0, 50.0)
-    assert got == [{**{k: runs[i].params[k] for k in BUDGETS}, "budget": 32768} for i in (1, 0)]
-    assert topped(runs, BUDGETS, lambda p: [], 1.0, 50.0) == []
 
 
 def test_only_a_server_whose_steps_prefill_whole_prompts_has_such_budgets():

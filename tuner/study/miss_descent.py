@@ -107,16 +107,16 @@ missed (28.9 ms).  It is ranked like the faster step (never below `FAST_PRIOR`),
 correlation of a larger budget with a smaller miss.  Not where steps are mixed (vLLM, SGLang):
 there a larger budget puts more prefill tokens beside the decodes of one step, which makes
 that step longer.  Once a run has met the SLOs, a run that missed a per-token SLO most with
-more throughput than the incumbent gets the same move (`topped`, from the proposals' repair of
-such runs): on the Llama-3.2-3B / L40S scenario (z-3b-l40s-tpot: 1.2k prompts with 400-token
-answers beside 6k prompts, p99 TPOT <= 26 ms) the start-up corner, every cap open at a 1.2k
-budget, missed by 34-45% at twice the incumbents' throughput, and the incumbents' neighbours
-never reached the best config, that corner with a 32k budget at its edge.  Both stop once
-the study has measured the move fail (`budget_tops`): a run with its budget at the top that
-missed no less than the same knobs at a smaller budget.  On Llama-3.1-8B / RTX 3090 (w-8b-3090-
-tpot: 2k prompts with 768-token answers, p99 TPOT <= 25 ms), whose best config prefills 5.4k
-tokens a step at an 11.4k-token pool, a 32k budget's forward takes the pool's memory, and
-without that stop one 30-trial study spent five turns on such repairs, each missing as much.
+more throughput than the incumbent gets the same move (`tuner.study.per_token_repairs`): on the
+Llama-3.2-3B / L40S scenario (z-3b-l40s-tpot: 1.2k prompts with 400-token answers beside 6k
+prompts, p99 TPOT <= 26 ms) the start-up corner, every cap open at a 1.2k budget, missed by
+34-45% at twice the incumbents' throughput, and the incumbents' neighbours never reached the
+best config, that corner with a 32k budget at its edge.  Both stop once the study has measured
+the move fail (`budget_tops`): a run with its budget at the top that missed no less than the
+same knobs at a smaller budget.  On Llama-3.1-8B / RTX 3090 (w-8b-3090-tpot: 2k prompts with
+768-token answers, p99 TPOT <= 25 ms), whose best config prefills 5.4k tokens a step at an
+11.4k-token pool, a 32k budget's forward takes the pool's memory, and without that stop one
+30-trial study spent five turns on such repairs, each missing as much.
 """
 
 from __future__ import annotations
@@ -193,9 +193,9 @@ def budget_tops(trials: Sequence[TrialRecord], space: Mapping[str, BaseDistribut
     for moved in runs:
         for base in runs:
             diff = [k for k in others if moved.params[k] != base.params[k]]
-            metric = _worst(base)[0]
+            metric = worst(base)[0]
             if diff and set(diff) <= set(names) and per_token(metric) \
-                    and all(moved.params[k] == _top(space[k]) for k in diff) \
+                    and all(moved.params[k] == top(space[k]) for k in diff) \
                     and _excess(moved, metric) >= _excess(base, metric):
                 return lambda params: []
 
@@ -209,7 +209,7 @@ def budget_tops(trials: Sequence[TrialRecord], space: Mapping[str, BaseDistribut
     def opening(params: Mapping[str, Any]) -> list[str]:
         now = starts(params)
         return [n for n in names if any(a > b for a, b in zip(
-            starts({**params, n: _top(space[n])}), now))]
+            starts({**params, n: top(space[n])}), now))]
     return opening
 
 
@@ -241,7 +241,7 @@ def descent_moves(trials: Sequence[TrialRecord], space: Mapping[str, BaseDistrib
     if found is None:
         return []
     runs, base = found
-    metric = _worst(base)[0]
+    metric = worst(base)[0]
     miss = ranks([_excess(t, metric) for t in runs])
     tried = _tried(base, runs, [k for k in space if k != KV_SHARE])
     # (tier, least rank, knob, value): a faster step and a whole-prompt budget at its top
@@ -251,7 +251,7 @@ def descent_moves(trials: Sequence[TrialRecord], space: Mapping[str, BaseDistrib
     if waiting(metric):
         priors += [(1, 0.0, name, value) for name, value in (packs or {}).items()]
     opened = tops(base.params) if tops is not None and per_token(metric) else []
-    priors += [(0, FAST_PRIOR, name, _top(space[name])) for name in opened]
+    priors += [(0, FAST_PRIOR, name, top(space[name])) for name in opened]
     scored: list[tuple[float, int, str, dict[str, Any]]] = []
     for tier, least, name, value in priors:   # a number moved alone has not measured its top
         if name in space and (name not in tried or name in opened) \
@@ -266,25 +266,6 @@ def descent_moves(trials: Sequence[TrialRecord], space: Mapping[str, BaseDistrib
             scored.append((-strength, 0, name,
                            {**{k: base.params[k] for k in space}, name: value}))
     return [move for *_, move in sorted(scored, key=lambda s: s[:3])]
-
-
-def topped(trials: Sequence[TrialRecord], space: Mapping[str, BaseDistribution],
-           tops: Tops, sign: float, best: float) -> list[dict[str, Any]]:
-    """The runs that missed a per-token SLO most with a better objective than `best` (the
-    incumbent's, times `sign`), each with its `tops` at the top of their range
-    (`budget_tops`), the better objective first: the repair of such a run the descent would
-    propose first were nothing feasible yet (module doc)."""
-    out = []
-    for t in trials:
-        value = sign * t.values[0] if t.values else -math.inf
-        if t.outcome != "slo" or not t.original or value <= best \
-                or not space.keys() <= t.params.keys() or not per_token(_worst(t)[0]):
-            continue
-        params = {k: t.params[k] for k in space}
-        moved = {n: _top(space[n]) for n in tops(params)}
-        if moved:
-            out.append((-value, t.number, {**params, **moved}))
-    return [cand for *_, cand in sorted(out, key=lambda r: r[:2])]
 
 
 def held_pool(move: dict[str, Any], trials: Sequence[TrialRecord],
@@ -333,7 +314,7 @@ def _least_miss(trials: Sequence[TrialRecord], space: Mapping[str, BaseDistribut
             and all(k in t.params for k in space)]
     if len(runs) < MIN_RUNS:
         return None
-    return runs, min(runs, key=lambda t: (_worst(t)[1], t.number))
+    return runs, min(runs, key=lambda t: (worst(t)[1], t.number))
 
 
 def _ways(name: str, dist: BaseDistribution, runs: Sequence[TrialRecord],
@@ -359,7 +340,7 @@ def _ways(name: str, dist: BaseDistribution, runs: Sequence[TrialRecord],
     return out
 
 
-def _top(dist: BaseDistribution) -> Any:
+def top(dist: BaseDistribution) -> Any:
     """The top of a number's range; None for a choice (no such value)."""
     return dist.high if isinstance(dist, (IntDistribution, FloatDistribution)) else None
 
@@ -395,7 +376,7 @@ def _excess(t: TrialRecord, metric: str) -> float:
     return math.log(max(1e-9, 1.0 + t.constraints.get(metric, 0.0)))
 
 
-def _worst(t: TrialRecord) -> tuple[str, float]:
+def worst(t: TrialRecord) -> tuple[str, float]:
     """The SLO `t` missed most, and by how much (`_excess`)."""
     slos = [(k, _excess(t, k)) for k in t.constraints if k.startswith("slo:")]
     return max(slos, key=lambda s: s[1], default=("", 0.0))

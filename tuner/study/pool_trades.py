@@ -98,6 +98,7 @@ from typing import Any
 from optuna.distributions import BaseDistribution, FloatDistribution, IntDistribution
 
 from tuner.study.design import level
+from tuner.study.flips import companions
 from tuner.study.local_moves import STEP_SCALE, position, shift
 from tuner.study.record import KV_SHARE, TrialRecord
 from tuner.trial.kv_share import EDGE_TOL, KvEdge, others_key
@@ -231,3 +232,24 @@ def floor_relief(cand: Mapping[str, Any], base: Mapping[str, Any],
             low = {**cand, name: dist.low}
             out.append(((slack(low), name in first), low))
     return [c for _, c in sorted(out, key=lambda kc: kc[0], reverse=True)[:1]]
+
+
+def pairs_of(cand: dict[str, Any], top: TrialRecord, base: dict[str, Any],
+             trials: Sequence[TrialRecord], space: Mapping[str, BaseDistribution],
+             slack: Callable[[dict[str, Any]], float], edge: KvEdge | None,
+             budgets: Collection[str]) -> list[dict[str, Any]]:
+    """What to try for a flip of the incumbent `top` (`base`: its params) that ran out of
+    memory, never started or that the memory model says cannot fit: its companions that the
+    model says fit (`tuner.study.flips.companions`), then its `reliefs`; where neither fits,
+    its `floor_relief` (`budgets` first on ties)."""
+    pairs = companions(cand, base, space, slack)
+    fitting = [p for p in pairs if slack(p) >= 0]
+    eased: list[dict[str, Any]] = []
+    if edge is not None and KV_SHARE in cand:
+        room = edge.room_at(trials)
+        rest = {k: v for k, v in cand.items() if k != KV_SHARE}
+        pool = edge.carried(int(top.params[edge.param.name]), top.params, rest)
+        eased = reliefs(cand, space, [lambda c: room(c, pool) >= 0, lambda c: slack(c) >= 0])
+    if not fitting and not eased:
+        eased = floor_relief(cand, base, space, trials, slack, budgets)
+    return [*fitting, *eased]

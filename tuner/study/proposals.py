@@ -55,7 +55,6 @@ from tuner.study.dead_choices import Dead, avoiding, dead_choices
 from tuner.study.edge_pushes import at_edge, promising, unmet_moves, waits
 from tuner.study.flips import (
     at_pool,
-    companions,
     controlled_flips,
     fell_over,
     repairs,
@@ -77,11 +76,11 @@ from tuner.study.miss_descent import (
     packings,
     policies,
     speeds,
-    topped,
 )
 from tuner.study.open_caps import cap_moves, cap_targets, raised_budget
-from tuner.study.pool_trades import failed_trades, floor_relief, pool_trade, reliefs, trades_of
-from tuner.study.record import KV_SHARE, TrialRecord, records
+from tuner.study.per_token_repairs import faster, fewer_repairs, topped
+from tuner.study.pool_trades import failed_trades, pairs_of, pool_trade, trades_of
+from tuner.study.record import TrialRecord, records
 from tuner.study.trade_bisection import bisected
 from tuner.trial.kv_share import KvEdge
 
@@ -193,7 +192,8 @@ class GuidedSampler(BaseSampler):
         (`untried_flips`, whatever the memory model says; in the start-up too), then after the
         start-up a choice never compared, a never-launched one among them
         (`controlled_flips`; one that ran out of memory, never started or that the memory
-        model says cannot fit, with another change: `_pairs`)."""
+        model says cannot fit, with another change:
+        `tuner.study.pool_trades.pairs_of`)."""
         base = {k: top.params[k] for k in search_space}
         kv_name = self._edge.param.name if self._edge is not None else None
         fresh = fresh_in(trials, self._edge)
@@ -215,7 +215,8 @@ class GuidedSampler(BaseSampler):
             if (found := probe(cand, slack)) is not None:
                 return found
             if fell_over(cand, trials, kv_name) or slack(cand) < 0:
-                for pair in self._pairs(cand, top, base, trials, search_space, slack):
+                for pair in pairs_of(cand, top, base, trials, search_space, slack,
+                                     self._edge, self._budgets):
                     if (found := probe(pair, permissive)) is not None:
                         return found
         return None
@@ -225,38 +226,23 @@ class GuidedSampler(BaseSampler):
                 sign: float) -> Local | None:
         """A run that missed the SLOs with a better objective than `top`'s, with a choice
         that won its comparisons (`tuner.study.flips.repairs`), at that run's pool; else one
-        that missed a per-token SLO most, with its whole-prompt token budgets at their top
-        (`tuner.study.miss_descent.topped`), at its share of that config's edge."""
+        that missed a per-token SLO most (`tuner.study.per_token_repairs`): with its
+        whole-prompt token budgets at their top, at its share of that config's edge; with a
+        faster decode step, at its pool; at one request fewer."""
         best = sign * top.values[0] if top.values else -math.inf
-        kv_name = self._edge.param.name if self._edge is not None else None
-        fresh = fresh_in(trials, self._edge)
-        for miss, cand in repairs(trials, search_space, kv_name, sign, best):
-            params, pool = at_pool(cand, miss, self._edge, trials)
+        edge = self._edge
+        fresh = fresh_in(trials, edge)
+        tops = budget_tops(trials, search_space, edge)
+        pinned = itertools.chain(
+            repairs(trials, search_space, edge.param.name if edge else None, sign, best),
+            ((None, c) for c in topped(trials, search_space, tops, sign, best)),
+            faster(trials, search_space, speeds(edge.space) if edge else (), sign, best))
+        for miss, cand in pinned:
+            params, pool = (cand, None) if miss is None else at_pool(cand, miss, edge, trials)
             if fresh(params, slack, pool):
                 return params, pool
-        tops = budget_tops(trials, search_space, self._edge)
-        return next(((c, None) for c in topped(trials, search_space, tops, sign, best)
-                     if fresh(c, slack)), None)
-
-    def _pairs(self, cand: dict[str, Any], top: TrialRecord, base: dict[str, Any],
-               trials: Sequence[TrialRecord], search_space: dict[str, BaseDistribution],
-               slack: Slack) -> list[dict[str, Any]]:
-        """What to try for a flip that ran out of memory, never started or that the memory
-        model says cannot fit: its companions that the model says fit (`companions`), then its
-        reliefs (`tuner.study.pool_trades.reliefs`); where neither fits, its floor relief
-        (`tuner.study.pool_trades.floor_relief`)."""
-        pairs = companions(cand, base, search_space, slack)
-        fitting = [p for p in pairs if slack(p) >= 0]
-        eased: list[dict[str, Any]] = []
-        if self._edge is not None and KV_SHARE in cand:
-            room = self._edge.room_at(trials)
-            rest = {k: v for k, v in cand.items() if k != KV_SHARE}
-            pool = self._edge.carried(int(top.params[self._edge.param.name]), top.params, rest)
-            eased = reliefs(cand, search_space,
-                            [lambda c: room(c, pool) >= 0, lambda c: slack(c) >= 0])
-        if not fitting and not eased:
-            eased = floor_relief(cand, base, search_space, trials, slack, self._budgets)
-        return [*fitting, *eased]
+        return next(((c, pool) for c, pool in fewer_repairs(trials, search_space, edge, sign,
+                                                             best) if fresh(c, slack, pool)), None)
 
     def _numeric(self, top: TrialRecord, trials: Sequence[TrialRecord],
                  directions: Sequence[Any], search_space: dict[str, BaseDistribution],

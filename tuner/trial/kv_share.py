@@ -106,7 +106,7 @@ class KvEdge:
         assert p is not None, "KvEdge needs a space with an auto-bounded KV knob"
         return p
 
-    def _grid(self, params: Mapping[str, Any]) -> tuple[int, int, int]:
+    def grid(self, params: Mapping[str, Any]) -> tuple[int, int, int]:
         """(low, high, step) of the knob for a config with these other knobs: a pool counted
         in blocks starts at the blocks that hold the workload's largest request at the
         config's block size (the range's lower bound is one count for every block size: on
@@ -130,7 +130,7 @@ class KvEdge:
         if block is None:
             return {}
         low = int(self.param.bounds[0])
-        floors = {int(size): self._grid({block.name: size})[0] for size in block.choices}
+        floors = {int(size): self.grid({block.name: size})[0] for size in block.choices}
         return {size: floor for size, floor in floors.items() if floor != low}
 
     def useful(self, params: Mapping[str, Any]) -> int | None:
@@ -146,7 +146,7 @@ class KvEdge:
         tokens = peak_demand(self.cells, block, knobs.max_batch)
         if tokens is None:
             return None
-        low, high, step = self._grid(params)
+        low, high, step = self.grid(params)
         value = tokens if self.param.role == "kv_tokens" else -(-tokens // block)
         return min(high, low + max(0, -(-(value - low) // step)) * step)
 
@@ -166,10 +166,10 @@ class KvEdge:
         request)."""
         if self.param.role != "kv_blocks":
             held = knobs_from_params(self.space, {**source, self.param.name: value}).kv_tokens
-            return value if held is None else max(self._grid(target)[0], held)
+            return value if held is None else max(self.grid(target)[0], held)
         before = knobs_from_params(self.space, dict(source)).block_size
         after = knobs_from_params(self.space, dict(target)).block_size
-        return max(self._grid(target)[0], round(value * before / after))
+        return max(self.grid(target)[0], round(value * before / after))
 
     def need(self, params: dict[str, Any], value: int, cal: Calibration, runtime: int) -> float:
         """The config's need with the calibrated runtime and forward scale."""
@@ -230,7 +230,7 @@ class KvEdge:
 
     def modelled(self, params: dict[str, Any], trials: Sequence[TrialRecord]) -> int:
         """The largest KV value (on the knob's step) whose calibrated need fits the card."""
-        low, high, step = self._grid(params)
+        low, high, step = self.grid(params)
         cal = calibrate(trials, self.capacity, self.knobs_of)
         runtime = calibrated_runtime(trials, knobs_from_params(self.space, params).cuda_graph)
 
@@ -240,7 +240,7 @@ class KvEdge:
 
     def edge(self, params: dict[str, Any], trials: Sequence[TrialRecord]) -> int:
         """`modelled`, corrected by the outcomes of these very knobs (`bracket`)."""
-        low, _, step = self._grid(params)
+        low, _, step = self.grid(params)
         modelled = self.modelled(params, trials)
         healthy, ooms = self._own_pools(params, trials)
         held, failed = max(healthy, default=None), min(ooms, default=None)
@@ -284,7 +284,7 @@ class KvEdge:
         """Per config: the card's bytes the calibrated need leaves at the smallest pool (> 0:
         the config can fit at all); see `room_at`."""
         room = self.room_at(trials)
-        return lambda params: room(params, self._grid(params)[0])
+        return lambda params: room(params, self.grid(params)[0])
 
     def room_at(self, trials: Sequence[TrialRecord]) -> Callable[[dict[str, Any], int], float]:
         """Per config and KV value: the card's bytes the calibrated need leaves (the
@@ -334,14 +334,14 @@ class KvEdge:
 
     def value(self, params: dict[str, Any], share: float, trials: Sequence[TrialRecord]) -> int:
         """The KV knob's value at `share` of the way from its lower bound to the edge."""
-        low, _, step = self._grid(params)
+        low, _, step = self.grid(params)
         edge = self.edge(params, trials)
         return low + int(round(share * (edge - low) / step)) * step
 
     def share_of(self, params: dict[str, Any], value: int,
                  trials: Sequence[TrialRecord]) -> float:
         """The share that renders to `value` (clipped to [0, 1]): for enqueued configs."""
-        low = self._grid(params)[0]
+        low = self.grid(params)[0]
         edge = self.edge(params, trials)
         return 1.0 if edge <= low else min(1.0, max(0.0, (value - low) / (edge - low)))
 
