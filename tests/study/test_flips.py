@@ -202,7 +202,7 @@ def test_a_flip_that_fell_over_of_memory_is_paired_where_the_model_says_it_fits(
     the model says cannot fit."""
     from optuna.distributions import FloatDistribution
 
-    from tuner.study.proposals import GuidedSampler
+    from tuner.study.pool_trades import pairs_of
 
     def slack(p):
         return 100 - 2 * p["x"] - 60 * p["g"] + (40 if p["c"] == 256 else 0)
@@ -219,9 +219,8 @@ def test_a_flip_that_fell_over_of_memory_is_paired_where_the_model_says_it_fits(
     space = {**GRAPHS, "y": FloatDistribution(0.0, 1.0), "kv_share": FloatDistribution(0.0, 1.0)}
     base = {"x": 32, "y": 0.5, "c": 16, "g": False, "kv_share": 0.5}
     top = _rec({**base, "kv": 100}, value=2.0)
-    sampler = GuidedSampler(optuna.samplers.RandomSampler(seed=0), None, startup=0, seed=0,
-                            edge=Edge())  # type: ignore[arg-type]
-    pairs = sampler._pairs({**base, "g": True}, top, base, [top], space, slack)
+    pairs = pairs_of({**base, "g": True}, top, base, [top], space, slack,
+                     Edge(), ())  # type: ignore[arg-type]
     assert pairs == [{**base, "g": True, "c": 256}, {**base, "g": True, "x": 15}]
 
 

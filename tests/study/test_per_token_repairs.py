@@ -114,22 +114,25 @@ RUNS = [_generic(0, 2048, False, 80.0, tpot=1.2),
         _generic(2, 4096, False, 200.0, tpot=1.1, ttft=2.0),
         _generic(3, 1024, False, 40.0, tpot=1.5),
         _generic(4, 32768, False, 90.0, tpot=1.5),
-        _generic(5, 8192, False, 60.0, tpot=0.9)]
+        _generic(5, 8192, False, 60.0, tpot=0.9),
+        _generic(6, 2048, False, 70.0, tpot=1.1)]
 
 
 def test_runs_above_the_incumbent_that_missed_a_per_token_slo_most_get_their_budget_topped():
     """Of the runs that missed p99 TPOT most with more throughput than the incumbent (50), the
-    better first, each with its budget at the top; not one that missed the TTFT SLO most,
+    better first, each with its budget at the top (run 6's is run 0's again, which the
+    proposals pass by as run); not one that missed the TTFT SLO most,
     one below the incumbent, one that met the SLOs, or one whose budget at its top would start
     no more prompts."""
     got = topped(RUNS, GENERIC, lambda p: ["budget"] if p["budget"] < 32768 else [], 1.0, 50.0)
-    assert got == [{**RUNS[i].params, "budget": 32768} for i in (1, 0)]
+    assert got == [{**RUNS[i].params, "budget": 32768} for i in (1, 0, 6)]
     assert topped(RUNS, GENERIC, lambda p: [], 1.0, 50.0) == []
 
 
 def test_such_runs_get_the_faster_decode_step_where_they_had_it_off():
     """The same runs, the better first, with graphs turned on where they were off; each with
-    the run it repairs (its pool is the repair's); none for a knob the space lacks."""
+    the run it repairs (its pool is the repair's); one per config (run 6 has run 0's knobs);
+    none for a knob the space lacks."""
     got = faster(RUNS, GENERIC, ["graphs"], 1.0, 50.0)
     assert [(t.number, cand) for t, cand in got] == [
         (4, {**RUNS[4].params, "graphs": True}), (0, {**RUNS[0].params, "graphs": True})]
@@ -137,4 +140,4 @@ def test_such_runs_get_the_faster_decode_step_where_they_had_it_off():
     # discounted by its miss, run 4 (90 tok/s, 50% over) keeps 60 and run 0 (80, 20%) 66.7:
     # above an incumbent of 65 only run 0; the budget's repair is not discounted
     assert [t.number for t, _ in faster(RUNS, GENERIC, ["graphs"], 1.0, 65.0)] == [0]
-    assert len(topped(RUNS, GENERIC, lambda p: ["budget"], 1.0, 65.0)) == 3
+    assert len(topped(RUNS, GENERIC, lambda p: ["budget"], 1.0, 65.0)) == 4

@@ -265,7 +265,7 @@ def companions(cand: Mapping[str, Any], base: Mapping[str, Any],
                slack: Callable[[dict[str, Any]], float]) -> list[dict[str, Any]]:
     """`cand`, a flip of `base`, with one more categorical knob changed: every such pair, the
     one whose need leaves the most room on the card (`slack`) first (the proposals try those
-    with room: `tuner.study.proposals.GuidedSampler._pairs`)."""
+    with room: `tuner.study.pool_trades.pairs_of`)."""
     flipped = {k for k in cand if cand[k] != base.get(k)}
     out = []
     for name, dist in space.items():
